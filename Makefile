@@ -1,0 +1,35 @@
+# The README's commands. Every target creates .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+QUICK ?=
+
+.PHONY: setup test demo lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[all,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) examples/demo.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check flight_gateway
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) -m benchmarks $(if $(QUICK),--quick,)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

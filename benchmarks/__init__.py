@@ -1,0 +1,1 @@
+"""Comparative benchmarks: each ``bench_*.py`` module has ``run(quick: bool) -> list[dict]``."""

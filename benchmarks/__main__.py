@@ -1,0 +1,66 @@
+"""Run every benchmark, write JSON lines and a Markdown table to ``benchmarks/results/``.
+
+    python -m benchmarks [--quick] [--only NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import pkgutil
+import platform
+import time
+from pathlib import Path
+
+import benchmarks
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _markdown(rows: list[dict]) -> str:
+    cols = ["benchmark", "case", "value", "unit", "ratio", "ratio_vs"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
+    parser.add_argument("--only", help="run only benchmarks whose module name contains this")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    rows: list[dict] = []
+    names = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name.startswith("bench_"))
+    for name in names:
+        if args.only and args.only not in name:
+            continue
+        module = importlib.import_module(f"benchmarks.{name}")
+        started = time.perf_counter()
+        print(f"== {name} ...", flush=True)
+        for row in module.run(quick=args.quick):
+            row = {"benchmark": name.removeprefix("bench_"), **row}
+            rows.append(row)
+            print("  ", json.dumps(row), flush=True)
+        print(f"   ({time.perf_counter() - started:.1f}s)", flush=True)
+    meta = {"when": stamp, "quick": args.quick, "python": platform.python_version(), "machine": platform.machine()}
+    with open(RESULTS / f"{stamp}.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps({**meta, **row}) + "\n")
+    table = f"# Benchmark results {stamp}{' (quick)' if args.quick else ''}\n\n" + _markdown(rows)
+    (RESULTS / f"{stamp}.md").write_text(table)
+    (RESULTS / "latest.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Harness catalog: which sources make up a table and their state at every table version.
+
+Depends on SQLAlchemy only (and the shared ``flight_gateway.errors``/``arrow_types`` leaves).
+"""
+
+from flight_gateway.catalog.catalog import Catalog
+from flight_gateway.catalog.config import resolve_config
+from flight_gateway.catalog.model import (
+    CommitInfo,
+    CommitResult,
+    LockGrant,
+    SourceSnapshot,
+    SourceSpec,
+    SourceUpdate,
+    TableSnapshot,
+)
+from flight_gateway.catalog.schema import Field, Schema
+
+__all__ = [
+    "Catalog",
+    "CommitInfo",
+    "CommitResult",
+    "Field",
+    "LockGrant",
+    "Schema",
+    "SourceSnapshot",
+    "SourceSpec",
+    "SourceUpdate",
+    "TableSnapshot",
+    "resolve_config",
+]

@@ -1,0 +1,247 @@
+"""Catalog storage: SQLAlchemy engine set-up, table definitions and migrations.
+
+Two backends, chosen by URL: a SQLite file (the embedded default) and PostgreSQL (shared by
+several gateway replicas). Every write transaction serialises on the table's row in
+``harness_tables``: on PostgreSQL with ``SELECT ... FOR UPDATE``, on SQLite with
+``BEGIN IMMEDIATE`` (the database write lock). Writers therefore queue instead of failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    create_engine,
+    event,
+    select,
+    text,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from flight_gateway.errors import HarnessError
+
+log = logging.getLogger(__name__)
+
+metadata = MetaData()
+
+# One row per catalog: the schema version of the catalog database itself.
+catalog_info = Table(
+    "harness_catalog_info",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("schema_version", Integer, nullable=False),
+)
+
+tables = Table(
+    "harness_tables",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(512), nullable=False, unique=True),
+    Column("current_version", BigInteger, nullable=False),
+    Column("min_version", BigInteger, nullable=False),  # oldest version still readable
+    Column("partition_by", JSON, nullable=False),
+    Column("primary_key", JSON, nullable=False),
+    Column("last_field_id", Integer, nullable=False),
+    Column("next_fencing_token", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+schemas = Table(
+    "harness_schemas",
+    metadata,
+    Column("table_id", ForeignKey("harness_tables.id", ondelete="CASCADE"), primary_key=True),
+    Column("schema_id", Integer, primary_key=True),
+    Column("fields", JSON, nullable=False),
+    Column("added_version", BigInteger, nullable=False),
+)
+
+versions = Table(
+    "harness_versions",
+    metadata,
+    Column("table_id", ForeignKey("harness_tables.id", ondelete="CASCADE"), primary_key=True),
+    Column("version", BigInteger, primary_key=True),
+    Column("committed_at", Float, nullable=False),
+    Column("commit_id", String(256), nullable=False),
+    Column("schema_id", Integer, nullable=False),
+    Column("summary", JSON, nullable=False),
+    UniqueConstraint("table_id", "commit_id", name="uq_harness_versions_commit_id"),
+    Index("ix_harness_versions_time", "table_id", "committed_at"),
+)
+
+sources = Table(
+    "harness_sources",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("table_id", ForeignKey("harness_tables.id", ondelete="CASCADE"), nullable=False),
+    Column("name", String(512), nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("config", JSON, nullable=False),
+    Column("partition", JSON, nullable=False),
+    Column("added_version", BigInteger, nullable=False),
+    Column("removed_version", BigInteger, nullable=True),
+    Index("ix_harness_sources_table", "table_id", "name"),
+)
+
+# State of a source as set by the commit that made ``version``. The state at version v is the
+# row with the greatest version <= v; the primary key makes that one index seek per source.
+source_states = Table(
+    "harness_source_states",
+    metadata,
+    Column("source_id", ForeignKey("harness_sources.id", ondelete="CASCADE"), primary_key=True),
+    Column("version", BigInteger, primary_key=True),
+    Column("state", JSON, nullable=False),
+    Column("state_version", BigInteger, nullable=False),
+)
+
+# Versioned key/values: ns 'external' (writer state such as consumer offsets) and 'property'.
+# A null value deletes the key from that version on.
+kv = Table(
+    "harness_kv",
+    metadata,
+    Column("table_id", ForeignKey("harness_tables.id", ondelete="CASCADE"), primary_key=True),
+    Column("ns", String(16), primary_key=True),
+    Column("key", String(512), primary_key=True),
+    Column("version", BigInteger, primary_key=True),
+    Column("value", JSON, nullable=True),
+)
+
+locks = Table(
+    "harness_locks",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),  # queue order
+    Column("lock_id", String(64), nullable=False, unique=True),
+    Column("table_id", ForeignKey("harness_tables.id", ondelete="CASCADE"), nullable=False),
+    Column("owner", String(512), nullable=False),
+    Column("sources", JSON, nullable=False),
+    Column("granted", Boolean, nullable=False),
+    Column("fencing_token", BigInteger, nullable=True),
+    # Granted: end of the lease. Waiting: end of the waiter's heartbeat, so a waiter that
+    # died stops holding its place in the queue.
+    Column("expires_at", Float, nullable=False),
+    Column("ttl_s", Float, nullable=False),
+    Index("ix_harness_locks_table", "table_id", "granted"),
+)
+
+
+def _migration_1(conn: Connection) -> None:
+    metadata.create_all(conn)
+
+
+# Append-only list: migration i (1-based) moves the catalog from schema version i-1 to i.
+# Never edit a released migration; add a new one.
+MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def normalize_url(url: str) -> str:
+    """Accept plain ``postgresql://`` URLs and paths; pick psycopg 3 as the Postgres driver."""
+    if "://" not in url:
+        url = f"sqlite:///{url}"
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    return u.render_as_string(hide_password=False)
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def make_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        # NullPool: a connection per use is cheap for SQLite and avoids sharing one across
+        # threads; timeout is the busy timeout for BEGIN IMMEDIATE.
+        engine = create_engine(
+            url, poolclass=NullPool, connect_args={"timeout": 120, "check_same_thread": False}
+        )
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # We emit BEGIN ourselves (below); pysqlite's implicit transactions would not
+            # take the write lock up front.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=120000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            mode = "IMMEDIATE" if conn.get_execution_options().get("harness_write") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+        return engine
+    return create_engine(url, pool_size=8, max_overflow=32, pool_pre_ping=True)
+
+
+@contextmanager
+def write_tx(engine: Engine) -> Iterator[Connection]:
+    """A transaction that may write. On SQLite it holds the write lock from its first statement."""
+    with engine.connect().execution_options(harness_write=True) as conn, conn.begin():
+        yield conn
+
+
+@contextmanager
+def read_tx(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction: one consistent snapshot of the catalog."""
+    with engine.connect() as conn, conn.begin():
+        yield conn
+
+
+def db_now(conn: Connection) -> float:
+    """Seconds since the epoch by the catalog database's clock.
+
+    Replicas sharing a Postgres catalog use its clock for leases and commit times, so their own
+    clocks may disagree without breaking lock expiry.
+    """
+    if conn.dialect.name == "postgresql":
+        return float(
+            conn.execute(text("SELECT EXTRACT(EPOCH FROM clock_timestamp())")).scalar_one()
+        )
+    return time.time()
+
+
+def migrate(engine: Engine) -> None:
+    """Create or upgrade the catalog schema. Safe to call from many processes at once."""
+    with write_tx(engine) as conn:
+        if conn.dialect.name == "postgresql":
+            # Serialise concurrent first opens; released at transaction end.
+            conn.execute(text("SELECT pg_advisory_xact_lock(7310925)"))
+        current = 0
+        if conn.dialect.has_table(conn, catalog_info.name):
+            row = conn.execute(select(catalog_info.c.schema_version)).first()
+            current = int(row[0]) if row else 0
+        if current > SCHEMA_VERSION:
+            raise HarnessError(
+                f"catalog schema version {current} is newer than this release supports "
+                f"({SCHEMA_VERSION}); upgrade the gateway"
+            )
+        for i in range(current, SCHEMA_VERSION):
+            log.info("migrating harness catalog schema %d -> %d", i, i + 1)
+            MIGRATIONS[i](conn)
+        if current == 0:
+            conn.execute(catalog_info.insert().values(id=1, schema_version=SCHEMA_VERSION))
+        elif current < SCHEMA_VERSION:
+            conn.execute(catalog_info.update().values(schema_version=SCHEMA_VERSION))

@@ -1,0 +1,153 @@
+"""Values the catalog takes and returns. Plain frozen dataclasses; JSON-friendly fields."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flight_gateway.catalog.schema import Schema
+from flight_gateway.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source to add: its initial state is committed with it."""
+
+    name: str
+    kind: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    partition: Mapping[str, Any] = field(default_factory=dict)
+    state: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SourceSpec:
+        if not isinstance(d, Mapping) or not d.get("name") or not d.get("kind"):
+            raise InvalidArgument(f"a source needs at least 'name' and 'kind': {d!r}")
+        for key in ("config", "partition", "state"):
+            if not isinstance(d.get(key, {}), Mapping):
+                raise InvalidArgument(f"source {d['name']!r}: {key} must be an object")
+        return cls(
+            str(d["name"]),
+            str(d["kind"]),
+            dict(d.get("config", {})),
+            dict(d.get("partition", {})),
+            dict(d.get("state", {})),
+        )
+
+
+@dataclass(frozen=True)
+class SourceUpdate:
+    """A new state for an existing source, optionally compare-and-set on its state version."""
+
+    source: str
+    state: Mapping[str, Any]
+    expect_state_version: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SourceUpdate:
+        if not isinstance(d, Mapping) or "source" not in d or "state" not in d:
+            raise InvalidArgument(f"an update needs 'source' and 'state': {d!r}")
+        if not isinstance(d["state"], Mapping):
+            raise InvalidArgument(f"update of {d['source']!r}: state must be an object")
+        esv = d.get("expect_state_version")
+        if esv is not None and (isinstance(esv, bool) or not isinstance(esv, int)):
+            raise InvalidArgument(f"update of {d['source']!r}: expect_state_version must be int")
+        return cls(str(d["source"]), dict(d["state"]), esv)
+
+
+@dataclass(frozen=True)
+class SourceSnapshot:
+    """A source as of one table version."""
+
+    name: str
+    kind: str
+    config: Mapping[str, Any]
+    partition: Mapping[str, Any]
+    state: Mapping[str, Any]
+    #: How many times this source's state was set (1 when added); the compare-and-set token.
+    state_version: int
+    added_version: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "config": dict(self.config),
+            "partition": dict(self.partition),
+            "state": dict(self.state),
+            "state_version": self.state_version,
+            "added_version": self.added_version,
+        }
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    """Everything a reader needs to read one pinned table version."""
+
+    table: str
+    version: int
+    committed_at: float
+    schema: Schema
+    partition_by: tuple[str, ...]
+    primary_key: tuple[str, ...]
+    properties: Mapping[str, Any]
+    external_state: Mapping[str, Any]
+    sources: tuple[SourceSnapshot, ...]
+
+    def source(self, name: str) -> SourceSnapshot:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        from flight_gateway.errors import NotFound
+
+        raise NotFound(f"source {name!r} not in table {self.table!r} at version {self.version}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "version": self.version,
+            "committed_at": self.committed_at,
+            "schema": self.schema.to_json(),
+            "partition_by": list(self.partition_by),
+            "primary_key": list(self.primary_key),
+            "properties": dict(self.properties),
+            "external_state": dict(self.external_state),
+            "sources": [s.to_json() for s in self.sources],
+        }
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    version: int
+    committed_at: float
+    commit_id: str
+    schema_id: int
+    summary: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "committed_at": self.committed_at,
+            "commit_id": self.commit_id,
+            "schema_id": self.schema_id,
+            "summary": dict(self.summary),
+        }
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    version: int
+    #: False when the commit_id had already been applied and this call changed nothing.
+    applied: bool
+    schema_id: int
+
+
+@dataclass(frozen=True)
+class LockGrant:
+    lock_id: str
+    table: str
+    sources: tuple[str, ...]
+    owner: str
+    fencing_token: int
+    expires_at: float

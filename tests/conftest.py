@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.services import fresh_postgres_database
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """DSN of a PostgreSQL database created for this test session."""
+    with fresh_postgres_database() as dsn:
+        yield dsn
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def catalog_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A fresh, empty catalog location on each backend (Postgres: a schema of its own)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'catalog.db'}"
+    import psycopg
+
+    dsn = request.getfixturevalue("pg_dsn")
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return f"{dsn}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture
+def catalog(catalog_url: str):
+    from flight_gateway.catalog import Catalog
+
+    cat = Catalog(catalog_url)
+    yield cat
+    cat.close()
