@@ -157,7 +157,9 @@ class Catalog:
         if as_of is not None:
             v = conn.execute(
                 select(func.max(versions.c.version)).where(
-                    versions.c.table_id == t.id, versions.c.committed_at <= as_of
+                    # Commit times have microsecond precision; absorb float rounding of as_of.
+                    versions.c.table_id == t.id,
+                    versions.c.committed_at <= as_of + 5e-7,
                 )
             ).scalar()
             if v is None:

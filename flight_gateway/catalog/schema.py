@@ -20,13 +20,30 @@ class Field:
     name: str
     type: str  # canonical Arrow type string
     nullable: bool = True
+    #: Former names, newest first: schema-on-read sources (files, Kafka JSON) written before a
+    #: rename still carry the old name.
+    aliases: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "type": self.type, "nullable": self.nullable}
+        d: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "type": self.type,
+            "nullable": self.nullable,
+        }
+        if self.aliases:
+            d["aliases"] = list(self.aliases)
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Field:
-        return cls(int(d["id"]), str(d["name"]), str(d["type"]), bool(d.get("nullable", True)))
+        return cls(
+            int(d["id"]),
+            str(d["name"]),
+            str(d["type"]),
+            bool(d.get("nullable", True)),
+            tuple(d.get("aliases", ())),
+        )
 
 
 @dataclass(frozen=True)
@@ -132,7 +149,9 @@ def evolve(
                 raise InvalidArgument(
                     f"rename_column: {fields[i].name!r} is a partition or primary-key column"
                 )
-            fields[i] = replace(fields[i], name=new_name)
+            old = fields[i]
+            aliases = tuple(a for a in (old.name, *old.aliases) if a != new_name)
+            fields[i] = replace(old, name=new_name, aliases=aliases)
         elif op == "drop_column":
             i = find(change, op)
             if fields[i].name in protected_names:

@@ -1,0 +1,372 @@
+"""``HarnessClient``: reads as Arrow (pandas/Polars/DuckDB adapters), typed action wrappers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight_gateway.protocol import from_flight_error
+
+log = logging.getLogger(__name__)
+
+
+class HarnessClient:
+    """Client of one gateway (``grpc://host:port``); endpoints on other replicas are followed."""
+
+    def __init__(
+        self,
+        uri: str,
+        token: str | None = None,
+        *,
+        max_workers: int = 8,
+        tls_root_certs: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.uri = uri
+        self._headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._tls_root_certs = tls_root_certs
+        self._timeout = timeout_s
+        self._max_workers = max_workers
+        self._clients: dict[str, fl.FlightClient] = {}
+        self._lock = threading.Lock()
+        self._flight = self._client(uri)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _client(self, uri: str) -> fl.FlightClient:
+        with self._lock:
+            c = self._clients.get(uri)
+            if c is None:
+                kwargs = {"tls_root_certs": self._tls_root_certs} if self._tls_root_certs else {}
+                c = fl.FlightClient(uri, **kwargs)
+                self._clients[uri] = c
+            return c
+
+    def _options(self) -> fl.FlightCallOptions:
+        return fl.FlightCallOptions(headers=self._headers, timeout=self._timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._clients.values():
+                c.close()
+            self._clients.clear()
+
+    def __enter__(self) -> HarnessClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def action(self, name: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run a ``harness.*`` action and return its JSON result."""
+        try:
+            results = list(
+                self._flight.do_action(
+                    fl.Action(name, json.dumps(body or {}).encode()), self._options()
+                )
+            )
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from e
+        return json.loads(results[0].body.to_pybytes()) if results else {}
+
+    # ------------------------------------------------------------------ reads
+
+    @staticmethod
+    def _descriptor(
+        table: str,
+        columns: Sequence[str] | None,
+        filter: str | None,
+        version: int | None,
+        as_of: Any,
+        limit: int | None,
+        dedupe: bool,
+    ) -> fl.FlightDescriptor:
+        cmd: dict[str, Any] = {"table": table}
+        for key, value in (
+            ("columns", list(columns) if columns is not None else None),
+            ("filter", filter),
+            ("version", version),
+            ("as_of", as_of),
+            ("limit", limit),
+        ):
+            if value is not None:
+                cmd[key] = value
+        if dedupe:
+            cmd["dedupe"] = True
+        return fl.FlightDescriptor.for_command(json.dumps(cmd).encode())
+
+    def flight_info(
+        self,
+        table: str,
+        *,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        version: int | None = None,
+        as_of: Any = None,
+        limit: int | None = None,
+        dedupe: bool = False,
+    ) -> fl.FlightInfo:
+        try:
+            return self._flight.get_flight_info(
+                self._descriptor(table, columns, filter, version, as_of, limit, dedupe),
+                self._options(),
+            )
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from e
+
+    def schema(
+        self, table: str, *, columns: Sequence[str] | None = None, version: int | None = None
+    ) -> pa.Schema:
+        try:
+            return self._flight.get_schema(
+                self._descriptor(table, columns, None, version, None, None, False), self._options()
+            ).schema
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from e
+
+    def _endpoint_client(self, ep: fl.FlightEndpoint) -> fl.FlightClient:
+        for loc in ep.locations:
+            uri = loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
+            if uri and not uri.startswith("arrow-flight-reuse-connection"):
+                return self._client(uri)
+        return self._flight
+
+    def read_endpoint(self, ep: fl.FlightEndpoint) -> pa.RecordBatchReader:
+        try:
+            return self._endpoint_client(ep).do_get(ep.ticket, self._options()).to_reader()
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from e
+
+    def _read_all(self, ep: fl.FlightEndpoint) -> pa.Table:
+        try:
+            return self._endpoint_client(ep).do_get(ep.ticket, self._options()).read_all()
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from e
+
+    def read(
+        self,
+        table: str,
+        *,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        version: int | None = None,
+        as_of: Any = None,
+        limit: int | None = None,
+        dedupe: bool = False,
+    ) -> pa.Table:
+        """The rows of ``table`` at one pinned version, endpoints fetched in parallel."""
+        info = self.flight_info(
+            table,
+            columns=columns,
+            filter=filter,
+            version=version,
+            as_of=as_of,
+            limit=limit,
+            dedupe=dedupe,
+        )
+        endpoints = list(info.endpoints)
+        if len(endpoints) <= 1:
+            parts = [self._read_all(ep) for ep in endpoints]
+        else:
+            with ThreadPoolExecutor(min(self._max_workers, len(endpoints))) as pool:
+                parts = list(pool.map(self._read_all, endpoints))
+        result = pa.concat_tables(parts) if parts else info.schema.empty_table()
+        if limit is not None and result.num_rows > limit:
+            result = result.slice(0, limit)
+        return result
+
+    def read_batches(self, table: str, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+        """Stream batches endpoint by endpoint (bounded memory)."""
+        limit = kwargs.get("limit")
+        info = self.flight_info(table, **kwargs)
+        remaining = limit
+        for ep in info.endpoints:
+            for batch in self.read_endpoint(ep):
+                if remaining is not None:
+                    if remaining <= 0:
+                        return
+                    batch = batch.slice(0, remaining)
+                    remaining -= batch.num_rows
+                yield batch
+
+    def pinned_version(self, info: fl.FlightInfo) -> int:
+        return int(json.loads(info.app_metadata)["version"])
+
+    def to_pandas(self, table: str, **kwargs: Any) -> Any:
+        return self.read(table, **kwargs).to_pandas()
+
+    def to_polars(self, table: str, **kwargs: Any) -> Any:
+        import polars as pl
+
+        return pl.from_arrow(self.read(table, **kwargs))
+
+    def to_duckdb(self, table: str, connection: Any = None, **kwargs: Any) -> Any:
+        """A DuckDB relation over the read (``connection`` defaults to DuckDB's default)."""
+        import duckdb
+
+        data = self.read(table, **kwargs)
+        con = connection if connection is not None else duckdb.default_connection()
+        return con.from_arrow(data)
+
+    # ------------------------------------------------------------------ actions
+
+    def list_tables(self) -> list[str]:
+        return list(self.action("harness.list_tables")["tables"])
+
+    def create_table(
+        self,
+        table: str,
+        schema: pa.Schema | Sequence[Mapping[str, Any]],
+        *,
+        partition_by: Sequence[str] = (),
+        primary_key: Sequence[str] = (),
+        properties: Mapping[str, Any] | None = None,
+    ) -> int:
+        body: dict[str, Any] = {
+            "table": table,
+            "partition_by": list(partition_by),
+            "primary_key": list(primary_key),
+        }
+        if isinstance(schema, pa.Schema):
+            body["schema"] = [
+                {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema
+            ]
+        else:
+            body["schema"] = list(schema)
+        if properties:
+            body["properties"] = dict(properties)
+        return int(self.action("harness.create_table", body)["version"])
+
+    def drop_table(self, table: str) -> None:
+        self.action("harness.drop_table", {"table": table})
+
+    def describe(self, table: str, version: int | None = None, as_of: Any = None) -> dict[str, Any]:
+        return self.action("harness.describe", {"table": table, "version": version, "as_of": as_of})
+
+    def history(self, table: str, limit: int | None = None) -> list[dict[str, Any]]:
+        return list(self.action("harness.history", {"table": table, "limit": limit})["versions"])
+
+    def commit(
+        self,
+        table: str,
+        *,
+        commit_id: str | None = None,
+        lock: HeldLock | None = None,
+        **changes: Any,
+    ) -> int:
+        """Commit ``add_sources``/``remove_sources``/``updates``/``external_state``/... at once."""
+        body = {"table": table, "commit_id": commit_id or uuid.uuid4().hex, **changes}
+        if lock is not None:
+            body["lock_id"], body["fencing_token"] = lock.lock_id, lock.fencing_token
+        return int(self.action("harness.commit", body)["version"])
+
+    def add_source(
+        self,
+        table: str,
+        name: str,
+        kind: str,
+        *,
+        config: Mapping[str, Any] | None = None,
+        partition: Mapping[str, Any] | None = None,
+        state: Mapping[str, Any] | None = None,
+        commit_id: str | None = None,
+    ) -> int:
+        spec = {
+            "name": name,
+            "kind": kind,
+            "config": dict(config or {}),
+            "partition": dict(partition or {}),
+            "state": dict(state or {}),
+        }
+        return self.commit(table, commit_id=commit_id, add_sources=[spec])
+
+    def evolve_schema(
+        self, table: str, changes: Sequence[Mapping[str, Any]], *, commit_id: str | None = None
+    ) -> int:
+        body = {
+            "table": table,
+            "commit_id": commit_id or uuid.uuid4().hex,
+            "changes": list(changes),
+        }
+        return int(self.action("harness.evolve_schema", body)["version"])
+
+    def lock(
+        self,
+        table: str,
+        sources: Sequence[str],
+        *,
+        owner: str = "client",
+        ttl_s: float = 30,
+        wait_s: float = 0,
+    ) -> HeldLock:
+        """Acquire a lock; use as a context manager to renew it in the background and release."""
+        res = self.action(
+            "harness.lock",
+            {
+                "table": table,
+                "sources": list(sources),
+                "owner": owner,
+                "ttl_s": ttl_s,
+                "wait_s": wait_s,
+            },
+        )
+        return HeldLock(
+            self, table, res["lock_id"], int(res["fencing_token"]), float(res["expires_at"]), ttl_s
+        )
+
+    def renew_lock(self, lock_id: str, ttl_s: float | None = None) -> float:
+        return float(
+            self.action("harness.renew_lock", {"lock_id": lock_id, "ttl_s": ttl_s})["expires_at"]
+        )
+
+    def unlock(self, lock_id: str) -> None:
+        self.action("harness.unlock", {"lock_id": lock_id})
+
+
+class HeldLock:
+    """A granted lock. As a context manager it renews at a third of its TTL and releases."""
+
+    def __init__(
+        self,
+        client: HarnessClient,
+        table: str,
+        lock_id: str,
+        fencing_token: int,
+        expires_at: float,
+        ttl_s: float,
+    ) -> None:
+        self.client, self.table, self.lock_id = client, table, lock_id
+        self.fencing_token, self.expires_at, self.ttl_s = fencing_token, expires_at, ttl_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.renew_error: Exception | None = None
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                self.expires_at = self.client.renew_lock(self.lock_id, self.ttl_s)
+            except Exception as e:  # the commit will fail with LockExpired; keep the reason
+                log.warning("lock %s: renewal failed: %s", self.lock_id, e)
+                self.renew_error = e
+                return
+
+    def __enter__(self) -> HeldLock:
+        self._thread = threading.Thread(
+            target=self._renew_loop, daemon=True, name=f"renew-{self.lock_id[:8]}"
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.client.unlock(self.lock_id)

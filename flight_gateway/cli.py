@@ -1,0 +1,66 @@
+"""``harness-gateway`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from flight_gateway.catalog import Catalog
+from flight_gateway.server import GatewayConfig, HarnessFlightServer
+
+log = logging.getLogger("harness-gateway")
+
+
+def serve(args: argparse.Namespace) -> int:
+    config = GatewayConfig.load(
+        args.config,
+        catalog=args.catalog,
+        host=args.host,
+        port=args.port,
+        allow_anonymous=True if args.allow_anonymous else None,
+    )
+    if not config.tokens and not config.allow_anonymous:
+        log.error("no tokens configured: pass --config with tokens, or --allow-anonymous")
+        return 2
+    catalog = Catalog(config.catalog)
+    server = HarnessFlightServer(catalog, config)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    log.info("serving on %s", server.uri)
+    threading.Thread(target=server.serve, daemon=True).start()
+    stop.wait()
+    server.shutdown()  # lets in-flight calls finish
+    catalog.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="harness-gateway")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="run the Flight gateway")
+    p.add_argument("--catalog", help="catalog URL (sqlite:///file.db or postgresql://...)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--config", help="JSON or TOML settings file (tokens, ticket_key, tls, ...)")
+    p.add_argument("--allow-anonymous", action="store_true", help="accept calls without a token")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "serve":
+        return serve(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

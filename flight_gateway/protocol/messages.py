@@ -1,0 +1,136 @@
+"""Read descriptors and action names/bodies (JSON, UTF-8)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flight_gateway.errors import InvalidArgument
+
+PROTOCOL_VERSION = 1
+
+#: Flight actions of the harness, name -> one-line description (ListActions).
+ACTIONS: dict[str, str] = {
+    "harness.create_table": "create a table: table, schema | arrow_schema, partition_by?, primary_key?, properties?",
+    "harness.drop_table": "drop a table: table",
+    "harness.list_tables": "list table names",
+    "harness.describe": "a table at a version: table, version?, as_of?",
+    "harness.history": "commits, newest first: table, limit?",
+    "harness.lock": "lease a lock on sources: table, sources, owner, ttl_s, wait_s?",
+    "harness.renew_lock": "extend a lease: lock_id, ttl_s?",
+    "harness.unlock": "release a lock: lock_id",
+    "harness.commit": "atomic commit: table, commit_id, lock_id?, fencing_token?, add_sources?, remove_sources?, updates?, external_state?, properties?, summary?",
+    "harness.evolve_schema": "schema change as one commit: table, commit_id, changes",
+    "harness.expire_versions": "retention: table, keep_last? | before?",
+}
+
+
+def decode_json(body: bytes | str, what: str) -> dict[str, Any]:
+    """Parse a JSON object; anything else is InvalidArgument naming ``what``."""
+    try:
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray, memoryview)) else body
+        value = json.loads(text) if text else {}
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InvalidArgument(f"{what} is not valid UTF-8 JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _opt_int(d: Mapping[str, Any], key: str, minimum: int = 0) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise InvalidArgument(f"{key!r} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def parse_timestamp(value: Any, key: str) -> float | None:
+    """Epoch seconds from a number or an RFC 3339 string."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    if isinstance(value, str):
+        import datetime as dt
+
+        try:
+            t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError as e:
+            raise InvalidArgument(f"{key!r} is not an RFC 3339 timestamp: {value!r}") from e
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=dt.UTC)
+        return t.timestamp()
+    raise InvalidArgument(f"{key!r} must be epoch seconds or an RFC 3339 string, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """The JSON command of a read descriptor (DESIGN.md §5)."""
+
+    table: str
+    columns: tuple[str, ...] | None = None
+    filter: str | None = None
+    version: int | None = None
+    as_of: float | None = None
+    limit: int | None = None
+    dedupe: bool = False
+
+    _KEYS = frozenset({"table", "columns", "filter", "version", "as_of", "limit", "dedupe"})
+
+    @classmethod
+    def from_json(cls, body: bytes | str) -> ReadRequest:
+        d = decode_json(body, "read descriptor")
+        unknown = set(d) - cls._KEYS
+        if unknown:
+            raise InvalidArgument(f"unknown read descriptor field(s) {sorted(unknown)}")
+        table = d.get("table")
+        if not isinstance(table, str) or not table:
+            raise InvalidArgument("read descriptor needs 'table' (a non-empty string)")
+        cols = d.get("columns")
+        if cols is not None and (
+            not isinstance(cols, list) or not all(isinstance(c, str) and c for c in cols)
+        ):
+            raise InvalidArgument("'columns' must be a list of column names")
+        if cols is not None and len(set(cols)) != len(cols):
+            raise InvalidArgument(f"'columns' names a column twice: {cols}")
+        flt = d.get("filter")
+        if flt is not None and not isinstance(flt, str):
+            raise InvalidArgument("'filter' must be a SQL boolean expression string")
+        dedupe = d.get("dedupe", False)
+        if not isinstance(dedupe, bool):
+            raise InvalidArgument("'dedupe' must be true or false")
+        version, as_of = _opt_int(d, "version"), parse_timestamp(d.get("as_of"), "as_of")
+        if version is not None and as_of is not None:
+            raise InvalidArgument("give 'version' or 'as_of', not both")
+        return cls(
+            table=table,
+            columns=tuple(cols) if cols is not None else None,
+            filter=flt,
+            version=version,
+            as_of=as_of,
+            limit=_opt_int(d, "limit"),
+            dedupe=dedupe,
+        )
+
+    @classmethod
+    def for_path(cls, path: list[bytes | str]) -> ReadRequest:
+        parts = [p.decode() if isinstance(p, bytes) else p for p in path]
+        if len(parts) != 1 or not parts[0]:
+            raise InvalidArgument(f"a path descriptor is one table name, got {parts!r}")
+        return cls(table=parts[0])
+
+    def to_json(self) -> str:
+        d: dict[str, Any] = {"table": self.table}
+        for key in ("filter", "version", "as_of", "limit"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        if self.columns is not None:
+            d["columns"] = list(self.columns)
+        if self.dedupe:
+            d["dedupe"] = True
+        return json.dumps(d)

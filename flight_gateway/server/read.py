@@ -1,0 +1,185 @@
+"""The read path: pin a version, prune sources, plan tasks, sign tickets; serve a ticket.
+
+Everything a ticket needs to be served again is in its signed payload (table, pinned version,
+source name, the planner's task payload, projection, filter, limit) or in the catalog at that
+version, so any replica sharing the catalog and the ticket key can serve it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from flight_gateway.arrow_types import parse_type
+from flight_gateway.catalog import Catalog, TableSnapshot
+from flight_gateway.catalog.config import resolve_config
+from flight_gateway.catalog.schema import Schema
+from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol import ReadRequest, TicketSigner
+from planners.base import ColumnSpec, ScanRequest, ScanTask, SourceRef
+from planners.predicates import Expr, can_match, columns, parse_filter
+from planners.registry import get_planner
+from planners.scan import execute
+
+log = logging.getLogger(__name__)
+TICKET_VERSION = 1
+
+
+def arrow_schema(schema: Schema, names: Sequence[str] | None = None) -> pa.Schema:
+    """The Arrow schema of ``names`` (all columns when None); every field nullable."""
+    fields = schema.fields if names is None else [schema.field(n) for n in names]
+    return pa.schema([pa.field(f.name, parse_type(f.type), nullable=True) for f in fields])
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    task: ScanTask
+    ticket: bytes
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class PlannedRead:
+    snapshot: TableSnapshot
+    schema: pa.Schema
+    endpoints: list[Endpoint]
+    sources: list[dict[str, Any]]
+
+    def app_metadata(self) -> bytes:
+        return json.dumps(
+            {
+                "table": self.snapshot.table,
+                "version": self.snapshot.version,
+                "schema_id": self.snapshot.schema.schema_id,
+                "sources": self.sources,
+            }
+        ).encode()
+
+
+class ReadService:
+    def __init__(
+        self, catalog: Catalog, signer: TicketSigner, snapshot_ttl_s: float = 30.0
+    ) -> None:
+        self.catalog = catalog
+        self.signer = signer
+        self._ttl = snapshot_ttl_s
+        self._cache: OrderedDict[tuple[str, int], tuple[float, TableSnapshot]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # A pinned version never changes, so DoGet calls for it can share one catalog lookup.
+    def snapshot(
+        self, table: str, version: int | None = None, as_of: float | None = None
+    ) -> TableSnapshot:
+        if version is not None:
+            with self._lock:
+                hit = self._cache.get((table, version))
+                if hit is not None and time.monotonic() - hit[0] < self._ttl:
+                    return hit[1]
+        snap = self.catalog.describe(table, version=version, as_of=as_of)
+        with self._lock:
+            self._cache[(table, snap.version)] = (time.monotonic(), snap)
+            while len(self._cache) > 1024:
+                self._cache.popitem(last=False)
+        return snap
+
+    def _resolve(
+        self, snap: TableSnapshot, cols: Sequence[str] | None, flt: str | None
+    ) -> tuple[list[str], Expr | None, tuple[ColumnSpec, ...]]:
+        names = snap.schema.names
+        projection = list(cols) if cols is not None else names
+        unknown = [c for c in projection if c not in names]
+        if unknown:
+            raise InvalidArgument(
+                f"unknown column(s) {unknown} in table {snap.table!r} (columns: {names})"
+            )
+        predicate = parse_filter(flt, arrow_schema(snap.schema))
+        needed = (
+            projection + sorted(columns(predicate) - set(projection)) if predicate else projection
+        )
+        specs = tuple(
+            ColumnSpec(f.id, f.name, f.type, f.aliases)
+            for f in (snap.schema.field(n) for n in needed)
+        )
+        return projection, predicate, specs
+
+    @staticmethod
+    def _scan_request(
+        snap: TableSnapshot,
+        source_name: str,
+        specs: tuple[ColumnSpec, ...],
+        predicate: Expr | None,
+        limit: int | None,
+    ) -> ScanRequest:
+        s = snap.source(source_name)
+        config = resolve_config(s.config, where=f"source {s.name!r} config")
+        return ScanRequest(
+            SourceRef(s.name, s.kind, config, s.partition, s.state), specs, predicate, limit
+        )
+
+    def schema_for(self, req: ReadRequest) -> tuple[TableSnapshot, pa.Schema]:
+        snap = self.snapshot(req.table, req.version, req.as_of)
+        projection, _, _ = self._resolve(snap, req.columns, req.filter)
+        return snap, arrow_schema(snap.schema, projection)
+
+    def plan(self, req: ReadRequest) -> PlannedRead:
+        if req.dedupe:
+            raise NotImplementedError("dedupe (the primary-key view) is not implemented yet")
+        snap = self.snapshot(req.table, req.version, req.as_of)
+        projection, predicate, specs = self._resolve(snap, req.columns, req.filter)
+        full = arrow_schema(snap.schema)
+        endpoints: list[Endpoint] = []
+        sources: list[dict[str, Any]] = []
+        for s in snap.sources:
+            if not can_match(predicate, s.partition, full):
+                sources.append({"name": s.name, "kind": s.kind, "pruned": True, "tasks": 0})
+                continue
+            request = self._scan_request(snap, s.name, specs, predicate, req.limit)
+            tasks = get_planner(s.kind).plan(request)
+            sources.append({"name": s.name, "kind": s.kind, "pruned": False, "tasks": len(tasks)})
+            for task in tasks:
+                ticket, expires = self.signer.sign(
+                    {
+                        "v": TICKET_VERSION,
+                        "table": snap.table,
+                        "version": snap.version,
+                        "source": s.name,
+                        "kind": s.kind,
+                        "task": dict(task.payload),
+                        "exact": task.exact_filter,
+                        "columns": projection,
+                        "filter": req.filter,
+                        "limit": req.limit,
+                    }
+                )
+                endpoints.append(Endpoint(task, ticket, expires))
+        log.info(
+            "planned %s@%d: %d endpoints, %d/%d sources pruned",
+            snap.table,
+            snap.version,
+            len(endpoints),
+            sum(s["pruned"] for s in sources),
+            len(sources),
+        )
+        return PlannedRead(snap, arrow_schema(snap.schema, projection), endpoints, sources)
+
+    def open(self, payload: dict[str, Any]) -> pa.RecordBatchReader:
+        """The stream of one verified ticket payload."""
+        if payload.get("v") != TICKET_VERSION:
+            raise InvalidArgument(f"unsupported ticket version {payload.get('v')!r}")
+        snap = self.snapshot(payload["table"], int(payload["version"]))
+        projection, predicate, specs = self._resolve(
+            snap, payload["columns"], payload.get("filter")
+        )
+        request = self._scan_request(
+            snap, payload["source"], specs, predicate, payload.get("limit")
+        )
+        task = ScanTask(payload["source"], payload["kind"], payload["task"], bool(payload["exact"]))
+        return execute(request, task, projection)

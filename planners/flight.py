@@ -1,0 +1,86 @@
+"""``flight`` sources: proxy another Arrow Flight server; its endpoints become ours.
+
+Config: ``location`` (``grpc://host:port``), ``descriptor`` (``{"command": str}`` or
+``{"path": [..]}``), optional ``token`` (use ``${ENV}``). State is opaque to the harness; when it
+holds a ``descriptor`` that one is used, so a commit can pin what the upstream serves.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight_gateway.errors import InvalidArgument, Unavailable
+from planners.base import ScanRequest, ScanTask, conform, physical_names
+
+
+def _descriptor(src_config: Mapping[str, Any], state: Mapping[str, Any]) -> fl.FlightDescriptor:
+    d = state.get("descriptor") or src_config.get("descriptor")
+    if isinstance(d, Mapping) and isinstance(d.get("command"), str):
+        return fl.FlightDescriptor.for_command(d["command"].encode())
+    if isinstance(d, Mapping) and isinstance(d.get("path"), list):
+        return fl.FlightDescriptor.for_path(*[str(p) for p in d["path"]])
+    raise InvalidArgument("flight source needs descriptor {'command': str} or {'path': [...]}")
+
+
+def _options(config: Mapping[str, Any]) -> fl.FlightCallOptions:
+    token = config.get("token")
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return fl.FlightCallOptions(headers=headers, timeout=float(config.get("timeout_s", 60)))
+
+
+class FlightPlanner:
+    def plan(self, request: ScanRequest) -> list[ScanTask]:
+        src = request.source
+        location = str(src.config.get("location", ""))
+        try:
+            with fl.connect(location) as client:
+                info = client.get_flight_info(
+                    _descriptor(src.config, src.state), _options(src.config)
+                )
+        except fl.FlightUnavailableError as e:
+            raise Unavailable(f"source {src.name!r}: upstream {location} unreachable: {e}") from e
+        tasks = []
+        for ep in info.endpoints:
+            locs = [
+                loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
+                for loc in ep.locations
+            ]
+            tasks.append(
+                ScanTask(
+                    src.name,
+                    src.kind,
+                    {"ticket": base64.b64encode(ep.ticket.ticket).decode(), "locations": locs},
+                    exact_filter=False,
+                )
+            )
+        return tasks
+
+    def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
+        src = request.source
+        locs = [
+            loc
+            for loc in task.payload.get("locations", [])
+            if not loc.startswith("arrow-flight-reuse-connection")
+        ]
+        location = locs[0] if locs else str(src.config.get("location", ""))
+        ticket = fl.Ticket(base64.b64decode(task.payload["ticket"]))
+        try:
+            client = fl.connect(location)
+            stream = client.do_get(ticket, _options(src.config))
+            reader = stream.to_reader()
+        except fl.FlightUnavailableError as e:
+            raise Unavailable(f"source {src.name!r}: upstream {location} unreachable: {e}") from e
+        mapping = physical_names(request.columns, reader.schema.names)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            with client:  # keep the upstream connection open until the stream ends
+                yield from reader
+
+        return conform(
+            pa.RecordBatchReader.from_batches(reader.schema, batches()), request.columns, mapping
+        )

@@ -1,0 +1,21 @@
+"""Predicates: the typed AST of a harness filter and its translations."""
+
+from planners.predicates.arrow import to_arrow
+from planners.predicates.ast import Expr, columns, conjoin, conjuncts, rename
+from planners.predicates.parse import coerce, parse_filter
+from planners.predicates.prune import can_match
+from planners.predicates.sql import quote_ident, to_sql
+
+__all__ = [
+    "Expr",
+    "can_match",
+    "coerce",
+    "columns",
+    "conjoin",
+    "conjuncts",
+    "parse_filter",
+    "quote_ident",
+    "rename",
+    "to_arrow",
+    "to_sql",
+]

@@ -1,0 +1,110 @@
+"""A small typed predicate AST: what a harness ``filter`` may say.
+
+Comparisons are always ``column <op> literal`` (the parser flips ``1 < a``). Literals are Python
+values already coerced to the column's type (int, float, Decimal, str, bytes, bool, date,
+datetime, or None for SQL NULL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
+FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+@dataclass(frozen=True)
+class Cmp:
+    op: str
+    column: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class In:
+    column: str
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Between:
+    column: str
+    low: Any
+    high: Any
+
+
+@dataclass(frozen=True)
+class IsNull:
+    column: str
+
+
+@dataclass(frozen=True)
+class StartsWith:
+    """``column LIKE 'prefix%'``."""
+
+    column: str
+    prefix: str
+
+
+@dataclass(frozen=True)
+class And:
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Not:
+    item: Expr
+
+
+@dataclass(frozen=True)
+class Const:
+    value: bool
+
+
+Expr = Cmp | In | Between | IsNull | StartsWith | And | Or | Not | Const
+
+
+def columns(expr: Expr) -> set[str]:
+    """Every column the expression references."""
+    if isinstance(expr, (And, Or)):
+        return set().union(*(columns(e) for e in expr.items))
+    if isinstance(expr, Not):
+        return columns(expr.item)
+    if isinstance(expr, Const):
+        return set()
+    return {expr.column}
+
+
+def rename(expr: Expr, mapping: Callable[[str], str]) -> Expr:
+    """The same expression over renamed columns (harness name -> physical name)."""
+    if isinstance(expr, And):
+        return And(tuple(rename(e, mapping) for e in expr.items))
+    if isinstance(expr, Or):
+        return Or(tuple(rename(e, mapping) for e in expr.items))
+    if isinstance(expr, Not):
+        return Not(rename(expr.item, mapping))
+    if isinstance(expr, Const):
+        return expr
+    return replace(expr, column=mapping(expr.column))
+
+
+def conjuncts(expr: Expr | None) -> list[Expr]:
+    """Top-level AND terms (an empty list for no filter)."""
+    if expr is None:
+        return []
+    if isinstance(expr, And):
+        return [c for e in expr.items for c in conjuncts(e)]
+    return [expr]
+
+
+def conjoin(items: list[Expr]) -> Expr | None:
+    if not items:
+        return None
+    return items[0] if len(items) == 1 else And(tuple(items))

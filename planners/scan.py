@@ -1,0 +1,51 @@
+"""Run one task end to end: planner read, residual filter, projection, limit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+
+from planners.base import ScanRequest, ScanTask
+from planners.predicates import Expr, to_arrow
+from planners.registry import get_planner
+
+
+def apply_residual(reader: pa.RecordBatchReader, predicate: Expr) -> pa.RecordBatchReader:
+    expr = to_arrow(predicate, reader.schema)
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        for batch in reader:
+            out = batch.filter(expr)
+            if out.num_rows:
+                yield out
+
+    return pa.RecordBatchReader.from_batches(reader.schema, gen())
+
+
+def execute(request: ScanRequest, task: ScanTask, output: Sequence[str]) -> pa.RecordBatchReader:
+    """Batches of ``task`` with exactly the ``output`` columns, filtered exactly, limited."""
+    reader = get_planner(task.kind).read(request, task)
+    if request.predicate is not None and not task.exact_filter:
+        reader = apply_residual(reader, request.predicate)
+    names = list(output)
+    needs_projection = reader.schema.names != names
+    limit = request.limit
+    if not needs_projection and limit is None:
+        return reader  # C++ reader straight to Flight when nothing is left to do
+    schema = pa.schema([reader.schema.field(n) for n in names])
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        remaining = limit
+        for batch in reader:
+            if needs_projection:
+                batch = batch.select(names)
+            if remaining is not None:
+                if remaining <= 0:
+                    break
+                if batch.num_rows > remaining:
+                    batch = batch.slice(0, remaining)
+                remaining -= batch.num_rows
+            yield batch
+
+    return pa.RecordBatchReader.from_batches(schema, gen())
