@@ -58,7 +58,9 @@ class IcebergPlanner:
         """(table, scan, name mapping, planned FileScanTasks), cached per pinned request."""
         snap_id = request.source.state.get("snapshot_id")
         if not isinstance(snap_id, int):
-            raise InvalidArgument(f"source {request.source.name!r}: snapshot_id must be an integer, got {snap_id!r}")
+            raise InvalidArgument(
+                f"source {request.source.name!r}: snapshot_id must be an integer, got {snap_id!r}"
+            )
         table = load_table(request.source.config)
         snapshot = table.snapshot_by_id(int(snap_id))
         if snapshot is None:

@@ -31,7 +31,14 @@ from planners.predicates.ast import (
     StartsWith,
 )
 
-_CMP: dict[type[exp.Expression], str] = {exp.EQ: "=", exp.NEQ: "!=", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
+_CMP: dict[type[exp.Expression], str] = {
+    exp.EQ: "=",
+    exp.NEQ: "!=",
+    exp.LT: "<",
+    exp.LTE: "<=",
+    exp.GT: ">",
+    exp.GTE: ">=",
+}
 MAX_FILTER_CHARS = 100_000
 
 
@@ -118,6 +125,11 @@ class _Converter:
             raise InvalidArgument(
                 f"comparisons must be between a column and a literal: {_sql(node)!r}"
             )
+        if not isinstance(left, exp.Column) and not isinstance(right, exp.Column):
+            raise InvalidArgument(
+                f"unsupported filter expression {_sql(node)!r}: comparisons must be between a "
+                "column and a literal"
+            )
         if not isinstance(left, exp.Column):
             left, right, op = right, left, FLIP[op]
         col, ftype = self._column(left)
@@ -176,11 +188,7 @@ class _Converter:
 def _parse_datetime(text: str, tz: str | None) -> dt.datetime:
     value = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     if tz is not None:
-        value = (
-            value.replace(tzinfo=dt.UTC)
-            if value.tzinfo is None
-            else value.astimezone(dt.UTC)
-        )
+        value = value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
     elif value.tzinfo is not None:
         value = value.astimezone(dt.UTC).replace(tzinfo=None)
     return value
