@@ -31,9 +31,9 @@ def test_ticket_served_by_other_replica(catalog_url: str, tmp_path: Path) -> Non
         assert cb.list_tables() == ["t"]
         ca.close()
         cb.close()
-    with running_gateway(catalog_url, ticket_key="another-key-entirely-123") as (c, _):
-        with (
-            fl.connect(f"grpc://127.0.0.1:{c.port}") as raw_c,
-            pytest.raises(pa.ArrowInvalid, match="signature"),
-        ):
-            raw_c.do_get(info.endpoints[0].ticket).read_all()
+    with (
+        running_gateway(catalog_url, ticket_key="another-key-entirely-123") as (c, _),
+        fl.connect(f"grpc://127.0.0.1:{c.port}") as raw_c,
+        pytest.raises(pa.ArrowInvalid, match="signature"),
+    ):
+        raw_c.do_get(info.endpoints[0].ticket).read_all()
