@@ -1,6 +1,6 @@
 """Run every benchmark, write JSON lines and a Markdown table to ``benchmarks/results/``.
 
-    python -m benchmarks [--quick] [--only NAME]
+python -m benchmarks [--quick] [--only NAME]
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     rows: list[dict] = []
-    names = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name.startswith("bench_"))
+    names = sorted(
+        m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name.startswith("bench_")
+    )
     for name in names:
         if args.only and args.only not in name:
             continue
@@ -52,7 +54,12 @@ def main() -> None:
             rows.append(row)
             print("  ", json.dumps(row), flush=True)
         print(f"   ({time.perf_counter() - started:.1f}s)", flush=True)
-    meta = {"when": stamp, "quick": args.quick, "python": platform.python_version(), "machine": platform.machine()}
+    meta = {
+        "when": stamp,
+        "quick": args.quick,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
     with open(RESULTS / f"{stamp}.jsonl", "w") as f:
         for row in rows:
             f.write(json.dumps({**meta, **row}) + "\n")

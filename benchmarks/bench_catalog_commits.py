@@ -28,7 +28,9 @@ def _writer(url: str, source: str, n: int, start_at: float) -> tuple[int, int]:
             cat.commit(
                 "bench",
                 f"{source}-{i}",
-                updates=[{"source": source, "state": {"high": i + 1}, "expect_state_version": i + 1}],
+                updates=[
+                    {"source": source, "state": {"high": i + 1}, "expect_state_version": i + 1}
+                ],
             )
             ok += 1
         except Exception:
@@ -43,13 +45,17 @@ def _measure(url: str, writers: int, commits_each: int) -> dict:
         cat.commit(
             "bench",
             "setup",
-            add_sources=[{"name": f"s{i}", "kind": "files", "state": {"high": 0}} for i in range(writers)],
+            add_sources=[
+                {"name": f"s{i}", "kind": "files", "state": {"high": 0}} for i in range(writers)
+            ],
         )
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(writers) as pool:
         start_at = time.time() + 1.5  # let every process import and connect first
         t0 = time.perf_counter() + (start_at - time.time())
-        results = pool.starmap(_writer, [(url, f"s{i}", commits_each, start_at) for i in range(writers)])
+        results = pool.starmap(
+            _writer, [(url, f"s{i}", commits_each, start_at) for i in range(writers)]
+        )
         elapsed = time.perf_counter() - t0
     ok = sum(r[0] for r in results)
     failed = sum(r[1] for r in results)

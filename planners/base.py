@@ -19,6 +19,28 @@ from flight_gateway.errors import InvalidArgument
 from planners.predicates import Expr, columns, rename
 
 DEFAULT_BATCH_ROWS = 64 * 1024
+MIN_TASK_BYTES = 8 * 1024 * 1024
+MAX_TASK_BYTES = 128 * 1024 * 1024
+TARGET_TASKS = 8
+
+
+def group_by_size(
+    items: Sequence[tuple[Any, int]], target_bytes: int | None = None
+) -> list[list[Any]]:
+    """Consecutive groups of (item, size): about TARGET_TASKS groups of 8-128 MB each, so
+    clients and Spark can read a source in parallel without a task per tiny file."""
+    if target_bytes is None:
+        total = sum(size for _, size in items)
+        target_bytes = max(MIN_TASK_BYTES, min(MAX_TASK_BYTES, total // TARGET_TASKS + 1))
+    groups: list[list[Any]] = []
+    size = 0
+    for item, n in items:
+        if not groups or size + n > target_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += n
+    return groups
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from planners.base import (
     ScanTask,
     chain_readers,
     conform,
+    group_by_size,
     physical_names,
     pushdown,
     target_schema,
@@ -36,7 +37,6 @@ FORMATS = {
     "feather": "ipc",
     "csv": "csv",
 }
-DEFAULT_TARGET_TASK_BYTES = 128 * 1024 * 1024
 
 
 def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
@@ -69,18 +69,15 @@ class FilesPlanner:
         file_format(src.config)
         files = list(src.state.get("files", []))
         fs, paths = resolve_paths(src.config, files)
-        target = int(src.config.get("target_task_bytes", DEFAULT_TARGET_TASK_BYTES))
         infos = fs.get_file_info(paths) if paths else []
-        groups: list[list[str]] = []
-        size = 0
-        for name, info in zip(files, infos, strict=True):
+        for info in infos:
             if info.type == pafs.FileType.NotFound:
                 raise Unavailable(f"source {src.name!r}: file {info.path!r} is missing")
-            if not groups or size + info.size > target:
-                groups.append([])
-                size = 0
-            groups[-1].append(name)
-            size += info.size
+        target = src.config.get("target_task_bytes")
+        groups = group_by_size(
+            [(name, info.size) for name, info in zip(files, infos, strict=True)],
+            int(target) if target else None,
+        )
         return [ScanTask(src.name, src.kind, {"files": g}, exact_filter=True) for g in groups]
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:

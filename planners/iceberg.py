@@ -18,12 +18,19 @@ from typing import Any
 import pyarrow as pa
 
 from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
-from planners.base import ScanRequest, ScanTask, conform, physical_names, pushdown, target_schema
+from planners.base import (
+    ScanRequest,
+    ScanTask,
+    conform,
+    group_by_size,
+    physical_names,
+    pushdown,
+    target_schema,
+)
 from planners.predicates.iceberg import to_iceberg
 
-DEFAULT_TARGET_TASK_BYTES = 128 * 1024 * 1024
 _catalogs: dict[str, Any] = {}
-_plans: OrderedDict[str, tuple[Any, list[Any]]] = OrderedDict()
+_plans: OrderedDict[str, tuple[Any, dict[str, str], list[Any]]] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -54,28 +61,21 @@ def load_table(config: Mapping[str, Any]) -> Any:
 
 
 class IcebergPlanner:
-    def _scan(self, request: ScanRequest) -> tuple[Any, Any, dict[str, str], list[Any]]:
-        """(table, scan, name mapping, planned FileScanTasks), cached per pinned request."""
+    def _scan(self, request: ScanRequest) -> tuple[Any, dict[str, str], list[Any]]:
+        """(scan, name mapping, planned FileScanTasks), cached per pinned request: a snapshot
+        never changes, so DoGet calls reuse the plan without reloading table metadata."""
         snap_id = request.source.state.get("snapshot_id")
         if not isinstance(snap_id, int):
             raise InvalidArgument(
                 f"source {request.source.name!r}: snapshot_id must be an integer, got {snap_id!r}"
             )
-        table = load_table(request.source.config)
-        snapshot = table.snapshot_by_id(int(snap_id))
-        if snapshot is None:
-            raise NotFound(
-                f"source {request.source.name!r}: Iceberg snapshot {snap_id} does not exist (expired?)"
-            )
-        schema = table.schemas().get(snapshot.schema_id, table.schema())
-        mapping = physical_names(request.columns, [f.name for f in schema.fields])
-        pred = pushdown(request, mapping)
         key = json.dumps(
             [
+                request.source.config.get("catalog"),
                 request.source.config.get("identifier"),
                 snap_id,
-                sorted(mapping.values()),
-                repr(pred),
+                [(c.name, c.aliases) for c in request.columns],
+                repr(request.predicate),
             ],
             sort_keys=True,
             default=str,
@@ -84,34 +84,39 @@ class IcebergPlanner:
             hit = _plans.get(key)
             if hit is not None:
                 _plans.move_to_end(key)
-                return table, hit[0], mapping, hit[1]
+                return hit
+        table = load_table(request.source.config)
+        snapshot = table.snapshot_by_id(snap_id)
+        if snapshot is None:
+            raise NotFound(
+                f"source {request.source.name!r}: Iceberg snapshot {snap_id} does not exist "
+                "(expired?)"
+            )
+        schema = table.schemas().get(snapshot.schema_id, table.schema())
+        mapping = physical_names(request.columns, [f.name for f in schema.fields])
+        pred = pushdown(request, mapping)
         scan = table.scan(
             row_filter=to_iceberg(pred),
             selected_fields=tuple(sorted(set(mapping.values()))) or ("*",),
-            snapshot_id=int(snap_id),
+            snapshot_id=snap_id,
         )
-        tasks = list(scan.plan_files())
+        result = (scan, mapping, list(scan.plan_files()))
         with _lock:
-            _plans[key] = (scan, tasks)
+            _plans[key] = result
             while len(_plans) > 256:
                 _plans.popitem(last=False)
-        return table, scan, mapping, tasks
+        return result
 
     def plan(self, request: ScanRequest) -> list[ScanTask]:
         src = request.source
         if src.state.get("snapshot_id") is None:
             return []
-        _, _, _, tasks = self._scan(request)
-        target = int(src.config.get("target_task_bytes", DEFAULT_TARGET_TASK_BYTES))
-        groups: list[list[str]] = []
-        size = 0
-        for t in tasks:
-            n = int(t.file.file_size_in_bytes)
-            if not groups or size + n > target:
-                groups.append([])
-                size = 0
-            groups[-1].append(t.file.file_path)
-            size += n
+        _, _, tasks = self._scan(request)
+        target = src.config.get("target_task_bytes")
+        groups = group_by_size(
+            [(t.file.file_path, int(t.file.file_size_in_bytes)) for t in tasks],
+            int(target) if target else None,
+        )
         # The gateway re-applies the exact predicate: Iceberg's filter only prunes.
         return [ScanTask(src.name, src.kind, {"files": g}, exact_filter=False) for g in groups]
 
@@ -121,7 +126,7 @@ class IcebergPlanner:
         cols = request.columns
         if request.source.state.get("snapshot_id") is None:
             return pa.RecordBatchReader.from_batches(target_schema(cols), iter(()))
-        _, scan, mapping, tasks = self._scan(request)
+        scan, mapping, tasks = self._scan(request)
         wanted = set(task.payload["files"])
         mine = [t for t in tasks if t.file.file_path in wanted]
         if len(mine) != len(wanted):
