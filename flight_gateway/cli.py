@@ -35,11 +35,16 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    thread = threading.Thread(target=server.serve, name="flight-serve", daemon=True)
+    thread.start()
     log.info("serving on %s", server.uri)
-    threading.Thread(target=server.serve, daemon=True).start()
-    stop.wait()
+    # Wake up regularly: Python runs signal handlers only between bytecodes of this thread.
+    while not stop.wait(0.2) and thread.is_alive():
+        pass
     server.shutdown()  # lets in-flight calls finish
+    thread.join(30)
     catalog.close()
+    log.info("shut down")
     return 0
 
 
