@@ -258,3 +258,19 @@ def test_dataframe_adapters_agree(client: HarnessClient, three_tier: dict, adapt
     assert sorted((r["id"], r["value"]) for r in out) == [
         (i, i * 0.5) for i in [*range(100), *range(1000, 1010)]
     ]
+
+
+def test_iceberg_delete_respects_pins(client: HarnessClient, three_tier: dict) -> None:
+    ice = three_tier["ice"]
+    before = client.describe("logs")["version"]
+    ice.delete("id < 1010")
+    after = client.commit(
+        "logs",
+        updates=[{"source": "ice", "state": {"snapshot_id": ice.current_snapshot().snapshot_id}}],
+    )
+    assert ids(client.read("logs", version=before, filter="level = 'INFO'")) == list(
+        range(1000, 1050)
+    )
+    assert ids(client.read("logs", version=after, filter="level = 'INFO'")) == list(
+        range(1010, 1050)
+    )
