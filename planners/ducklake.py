@@ -24,6 +24,7 @@ from planners.base import (
     target_schema,
 )
 from planners.predicates import quote_ident, to_sql
+from planners.scan import apply_residual
 
 
 def connect(config: Mapping[str, Any], *, read_only: bool = True) -> Any:
@@ -102,8 +103,6 @@ class DuckLakePlanner:
             raise
         out = conform(_closing(reader, con), cols, mapping)
         if request.predicate is not None and pred is None:
-            from planners.scan import apply_residual
-
             out = apply_residual(out, request.predicate)
         return out
 

@@ -28,6 +28,7 @@ from planners.base import (
     target_schema,
 )
 from planners.predicates import to_arrow
+from planners.scan import apply_residual
 
 FORMATS = {
     "parquet": "parquet",
@@ -101,8 +102,6 @@ class FilesPlanner:
             )
             if request.predicate is not None and pred is None:
                 # The predicate names a column this file lacks: evaluate it after conforming.
-                from planners.scan import apply_residual
-
                 return apply_residual(
                     conform(scanner.to_reader(), cols, mapping), request.predicate
                 )

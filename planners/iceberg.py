@@ -97,7 +97,9 @@ class IcebergPlanner:
         pred = pushdown(request, mapping)
         scan = table.scan(
             row_filter=to_iceberg(pred),
-            selected_fields=tuple(sorted(set(mapping.values()))) or ("*",),
+            # With no requested column in this table, still read one so row counts (and
+            # deletes) are right; conform then yields nulls for every requested column.
+            selected_fields=tuple(sorted(set(mapping.values()))) or (schema.fields[0].name,),
             snapshot_id=snap_id,
         )
         result = (scan, mapping, list(scan.plan_files()))
@@ -132,21 +134,6 @@ class IcebergPlanner:
         if len(mine) != len(wanted):
             raise NotFound(
                 f"source {request.source.name!r}: ticket names data files not in snapshot"
-            )
-        if not mapping:
-            # No requested column exists in this table: only the row count matters.
-            n = sum(t.file.record_count for t in mine if not t.delete_files)
-            if any(t.delete_files for t in mine) or pushdown(request, mapping) is not None:
-                raise InvalidArgument("cannot count rows of an Iceberg source without any column")
-            return pa.RecordBatchReader.from_batches(
-                target_schema(cols),
-                iter(
-                    [
-                        pa.RecordBatch.from_arrays(
-                            [pa.nulls(n, c.arrow_type) for c in cols], schema=target_schema(cols)
-                        )
-                    ]
-                ),
             )
         batches = ArrowScan(
             scan.table_metadata,

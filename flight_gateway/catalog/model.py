@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flight_gateway.catalog.schema import Schema
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.errors import InvalidArgument, NotFound
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,6 @@ class TableSnapshot:
         for s in self.sources:
             if s.name == name:
                 return s
-        from flight_gateway.errors import NotFound
-
         raise NotFound(f"source {name!r} not in table {self.table!r} at version {self.version}")
 
     def to_json(self) -> dict[str, Any]:

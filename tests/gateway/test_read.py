@@ -204,6 +204,9 @@ def test_schema_evolution_reads(client: HarnessClient, three_tier: dict) -> None
     assert new.sort_by("id").column("amount").to_pylist() == [0.0, 0.5, 1.0]
     assert new.column("host").null_count == 3
     assert client.read("logs", version=old).schema.names == ["id", "level", "value"]
+    # A column no source has physically still yields one (null) row per row of every kind.
+    only_new = client.read("logs", columns=["host"])
+    assert only_new.num_rows == 180 and only_new.column("host").null_count == 180
 
 
 def test_limit(client: HarnessClient, three_tier: dict) -> None:
