@@ -14,6 +14,8 @@ AVAILABLE_PLANNERS: dict[str, tuple[str, str, str]] = {
     "iceberg": ("planners.iceberg", "IcebergPlanner", "iceberg"),
     "ducklake": ("planners.ducklake", "DuckLakePlanner", "ducklake"),
     "flight": ("planners.flight", "FlightPlanner", "core"),
+    "kafka": ("planners.kafka", "KafkaPlanner", "kafka"),
+    "postgres": ("planners.postgres", "PostgresPlanner", "postgres"),
 }
 
 _instances: dict[str, Planner] = {}

@@ -23,9 +23,26 @@ def apply_residual(reader: pa.RecordBatchReader, predicate: Expr) -> pa.RecordBa
     return pa.RecordBatchReader.from_batches(reader.schema, gen())
 
 
+def _fill_source(reader: pa.RecordBatchReader, name: str) -> pa.RecordBatchReader:
+    """The ``_source`` metadata column: the source's name on every row."""
+    idx = reader.schema.get_field_index("_source")
+    field = reader.schema.field(idx)
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        for batch in reader:
+            if batch.column(idx).null_count == batch.num_rows:
+                value = pa.array([name] * batch.num_rows, pa.string()).cast(field.type)
+                batch = batch.set_column(idx, field, value)
+            yield batch
+
+    return pa.RecordBatchReader.from_batches(reader.schema, gen())
+
+
 def execute(request: ScanRequest, task: ScanTask, output: Sequence[str]) -> pa.RecordBatchReader:
     """Batches of ``task`` with exactly the ``output`` columns, filtered exactly, limited."""
     reader = get_planner(task.kind).read(request, task)
+    if "_source" in reader.schema.names:
+        reader = _fill_source(reader, request.source.name)
     if request.predicate is not None and not task.exact_filter:
         reader = apply_residual(reader, request.predicate)
     names = list(output)

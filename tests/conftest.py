@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.services import fresh_postgres_database
+from tests.services import fresh_postgres_database, kafka_broker
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +36,9 @@ def catalog(catalog_url: str):
     cat = Catalog(catalog_url)
     yield cat
     cat.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    with kafka_broker() as bootstrap:
+        yield bootstrap
