@@ -128,6 +128,8 @@ def conform_batch(
             arrays.append(pa.nulls(batch.num_rows, f.type))
             continue
         arr = batch.column(phys)
+        if isinstance(arr.type, pa.ExtensionType):  # e.g. ADBC's opaque Postgres NUMERIC
+            arr = arr.storage
         if arr.type != f.type:
             try:
                 arr = arr.cast(f.type)

@@ -15,12 +15,15 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def to_sql(expr: Expr, placeholder: str = "?") -> tuple[str, list[Any]]:
-    """Return ``(sql, params)``; ``placeholder`` is ``?`` (DuckDB) or ``%s`` (psycopg)."""
+def to_sql(expr: Expr, placeholder: str = "?", first_param: int = 1) -> tuple[str, list[Any]]:
+    """Return ``(sql, params)``; ``placeholder`` is ``?`` (DuckDB), ``%s`` (psycopg) or ``$``
+    (numbered ``$n`` from ``first_param``, for libpq/ADBC)."""
     params: list[Any] = []
 
     def bind(value: Any) -> str:
         params.append(value)
+        if placeholder == "$":
+            return f"${first_param + len(params) - 1}"
         return placeholder
 
     def go(e: Expr) -> str:
@@ -41,7 +44,7 @@ def to_sql(expr: Expr, placeholder: str = "?") -> tuple[str, list[Any]]:
         if isinstance(e, StartsWith):
             # starts_with avoids LIKE wildcards in the prefix; Postgres spells it ^@.
             arg = bind(e.prefix)
-            if placeholder == "%s":
+            if placeholder in ("%s", "$"):
                 return f"({quote_ident(e.column)} ^@ {arg})"
             return f"starts_with({quote_ident(e.column)}, {arg})"
         if isinstance(e, And):

@@ -113,9 +113,7 @@ def test_offset_and_timestamp_pushdown(client: HarnessClient, kafka_bootstrap: s
     assert client.read("k", filter="_kafka_offset >= 12 AND _kafka_offset < 14").column(
         "id"
     ).to_pylist() == [12, 13]
-    when = dt.datetime.fromtimestamp((base + 15_000) / 1000, dt.UTC).strftime(
-        "%Y-%m-%d %H:%M:%S"
-    )
+    when = dt.datetime.fromtimestamp((base + 15_000) / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
     got = client.read("k", filter=f"_kafka_timestamp >= TIMESTAMP '{when}'")
     assert sorted(got.column("id").to_pylist()) == [15, 16, 17, 18, 19]
     assert (
