@@ -1,0 +1,199 @@
+"""Ingest helpers for the manifesto's simple and medium examples.
+
+- ``KafkaIngester``: a consumer loop that, every ``interval_s``, commits the highest offset seen
+  per partition as the ``high`` of that partition's Kafka source, and its consumer position as
+  ``external_state`` in the same commit, so the two never disagree.
+- ``PostgresUpsertWriter``: upserts rows into a system-versioned table and advances the source's
+  ``as_of`` safely (lock, write, commit, read the server clock, harness commit, unlock).
+
+Both take the source's lock for their commit, because movers change the same source states
+(a mover sets ``low``, the ingester ``high``): the lock makes each read-modify-write safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from clients.client import HarnessClient
+
+log = logging.getLogger(__name__)
+
+
+def _source_state(client: HarnessClient, table: str, name: str) -> dict[str, Any]:
+    for s in client.describe(table)["sources"]:
+        if s["name"] == name:
+            return dict(s["state"])
+    raise KeyError(f"source {name!r} not in table {table!r}")
+
+
+class KafkaIngester:
+    """Consume ``topic`` and advance the harness ``high`` of each partition's source.
+
+    ``sources`` maps partition number -> harness source name. ``on_messages`` (optional) sees
+    every polled batch first, e.g. to index or to forward; the harness makes messages visible
+    once their offsets are committed here.
+    """
+
+    def __init__(
+        self,
+        client: HarnessClient,
+        table: str,
+        bootstrap_servers: str,
+        topic: str,
+        sources: Mapping[int, str],
+        *,
+        group_id: str = "harness-ingester",
+        interval_s: float = 2.0,
+        on_messages: Callable[[list[Any]], None] | None = None,
+    ) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.client, self.table, self.topic = client, table, topic
+        self.sources = dict(sources)
+        self.group_id = group_id
+        self.interval_s = interval_s
+        self.on_messages = on_messages
+        self._seen: dict[int, int] = {}
+        start = self._start_offsets()
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self.consumer.assign([TopicPartition(topic, p, start[p]) for p in self.sources])
+
+    def _key(self, partition: int) -> str:
+        return f"kafka.{self.group_id}.{self.topic}.{partition}"
+
+    def _start_offsets(self) -> dict[int, int]:
+        """Resume from the position committed with the table (external_state), else the source's high."""
+        d = self.client.describe(self.table)
+        ext = d.get("external_state", {})
+        states = {s["name"]: s["state"] for s in d["sources"]}
+        return {
+            p: int(ext.get(self._key(p), states[name].get("high", 0)))
+            for p, name in self.sources.items()
+        }
+
+    def poll(self, timeout_s: float = 0.2) -> int:
+        msgs = [m for m in self.consumer.consume(10_000, timeout=timeout_s) if m.error() is None]
+        if msgs and self.on_messages is not None:
+            self.on_messages(msgs)
+        for m in msgs:
+            self._seen[m.partition()] = max(self._seen.get(m.partition(), -1), m.offset())
+        return len(msgs)
+
+    def commit(self) -> int | None:
+        """Commit new highs (and the consumer position) in one harness commit; None if nothing new."""
+        names = [self.sources[p] for p in self._seen]
+        if not names:
+            return None
+        with self.client.lock(
+            self.table, names, owner=f"ingester-{self.group_id}", ttl_s=30, wait_s=30
+        ) as lock:
+            updates, ext = [], {}
+            for p, last in self._seen.items():
+                state = _source_state(self.client, self.table, self.sources[p])
+                high = last + 1
+                if high > int(state.get("high", 0)):
+                    updates.append(
+                        {
+                            "source": self.sources[p],
+                            "state": {"low": int(state.get("low", 0)), "high": high},
+                        }
+                    )
+                ext[self._key(p)] = high
+            if not updates:
+                return None
+            version = self.client.commit(
+                self.table,
+                lock=lock,
+                updates=updates,
+                external_state=ext,
+                summary={"operation": "kafka-ingest"},
+            )
+        log.debug("ingester %s: committed highs %s as version %d", self.group_id, ext, version)
+        return version
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set, committing every ``interval_s`` (and once at the end)."""
+        last = time.monotonic()
+        try:
+            while not stop.is_set():
+                self.poll()
+                if time.monotonic() - last >= self.interval_s:
+                    self.commit()
+                    self._seen.clear()
+                    last = time.monotonic()
+            self.commit()
+        finally:
+            self.consumer.close()
+
+
+class PostgresUpsertWriter:
+    """Upsert rows into a system-versioned Postgres table behind a ``postgres`` source."""
+
+    def __init__(
+        self,
+        client: HarnessClient,
+        table: str,
+        source: str,
+        dsn: str,
+        pg_table: str,
+        key_columns: Sequence[str],
+        *,
+        schema: str = "public",
+    ) -> None:
+        import psycopg
+
+        self.client, self.table, self.source = client, table, source
+        self.pg_table, self.schema = pg_table, schema
+        self.keys = list(key_columns)
+        self.conn = psycopg.connect(dsn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def write(
+        self, rows: pa.Table | Sequence[Mapping[str, Any]], *, commit_id: str | None = None
+    ) -> int:
+        """Upsert ``rows`` and commit the new ``as_of``; returns the harness version."""
+        from planners.postgres_versioning import server_now
+        from planners.predicates import quote_ident
+
+        data = rows.to_pylist() if isinstance(rows, pa.Table) else [dict(r) for r in rows]
+        if not data:
+            raise ValueError("nothing to write")
+        cols = list(data[0])
+        target = f"{quote_ident(self.schema)}.{quote_ident(self.pg_table)}"
+        names = ", ".join(quote_ident(c) for c in cols)
+        updates = ", ".join(
+            f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in cols if c not in self.keys
+        )
+        conflict = f"ON CONFLICT ({', '.join(quote_ident(k) for k in self.keys)}) " + (
+            f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+        )
+        sql = f"INSERT INTO {target} ({names}) VALUES ({', '.join(['%s'] * len(cols))}) {conflict}"
+        with self.client.lock(
+            self.table, [self.source], owner="pg-upsert", ttl_s=60, wait_s=60
+        ) as lock:
+            with self.conn.transaction(), self.conn.cursor() as cur:
+                cur.executemany(sql, [tuple(r[c] for c in cols) for r in data])
+            as_of = server_now(self.conn)  # after our transaction committed, under the lock
+            return self.client.commit(
+                self.table,
+                commit_id=commit_id or uuid.uuid4().hex,
+                lock=lock,
+                updates=[{"source": self.source, "state": {"as_of": as_of}}],
+                summary={"operation": "pg-upsert", "rows": len(data)},
+            )
