@@ -90,8 +90,9 @@ class KafkaIngester:
         if msgs and self.on_messages is not None:
             self.on_messages(msgs)
         for m in msgs:
-            p, off = int(m.partition()), int(m.offset())
-            self._seen[p] = max(self._seen.get(p, -1), off)
+            p, off = m.partition(), m.offset()
+            if p is not None and off is not None:
+                self._seen[p] = max(self._seen.get(p, -1), off)
         return len(msgs)
 
     def commit(self) -> int | None:
