@@ -7,11 +7,14 @@ a free loopback port; pandas and Polars read through the Python client.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -143,9 +146,125 @@ def main() -> None:
     )
     log.info("rows: %d", client.read("logs", filter="level = 'INFO' AND id >= 10550").num_rows)
 
+    hot_and_cold(client, ice, root)
+
     client.close()
     server.shutdown()
     catalog.close()
+
+
+def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
+    """Kafka (hot) + Iceberg (cold) as one table: ingest, flush, and freshness."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from clients.ingest import KafkaIngester
+    from flight_gateway.local_kafka import local_broker
+    from planners.base import ColumnSpec
+    from planners.kafka import read_offsets
+
+    with local_broker() as bootstrap:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.create_topics(
+            [NewTopic("events", num_partitions=1, replication_factor=1)]
+        ).values():
+            f.result(30)
+        cold = ice.create_table("db.events_cold", schema=SCHEMA)
+        kafka_cfg = {"bootstrap_servers": bootstrap, "topic": "events", "partition": 0}
+        client.create_table("events", SCHEMA)
+        client.commit(
+            "events",
+            add_sources=[
+                {
+                    "name": "kafka-0",
+                    "kind": "kafka",
+                    "config": kafka_cfg,
+                    "state": {"low": 0, "high": 0},
+                },
+                {
+                    "name": "cold",
+                    "kind": "iceberg",
+                    "config": {
+                        "catalog": {
+                            "type": "sql",
+                            "uri": f"sqlite:///{root / 'iceberg.db'}",
+                            "warehouse": f"file://{root / 'warehouse'}",
+                        },
+                        "identifier": "db.events_cold",
+                    },
+                    "state": {"snapshot_id": None},
+                },
+            ],
+        )
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+
+        def send(start: int, n: int) -> None:
+            for i in range(start, start + n):
+                producer.produce(
+                    "events",
+                    value=json.dumps({"id": i, "level": "INFO", "msg": f"event {i}"}).encode(),
+                    partition=0,
+                )
+            producer.flush(10)
+
+        ingester = KafkaIngester(
+            client, "events", bootstrap, "events", {0: "kafka-0"}, group_id="demo", interval_s=0.1
+        )
+        stop = threading.Event()
+        worker = threading.Thread(target=ingester.run, args=(stop,), daemon=True)
+        worker.start()
+        send(0, 300)
+        deadline = time.monotonic() + 15
+        while client.read("events").num_rows < 300 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log.info(
+            "\nKafka + Iceberg table 'events': %d rows, all still in Kafka",
+            client.read("events").num_rows,
+        )
+
+        # The mover: flush Kafka [low, high) to Iceberg and move low in ONE harness commit.
+        with client.lock(
+            "events", ["kafka-0", "cold"], owner="demo-mover", ttl_s=30, wait_s=10
+        ) as lock:
+            state = next(s for s in client.describe("events")["sources"] if s["name"] == "kafka-0")[
+                "state"
+            ]
+            cols = [ColumnSpec(i + 1, f.name, str(f.type)) for i, f in enumerate(SCHEMA)]
+            rows = read_offsets(kafka_cfg, state["low"], state["high"], cols)
+            cold.append(rows.cast(SCHEMA))
+            v = client.commit(
+                "events",
+                lock=lock,
+                updates=[
+                    {
+                        "source": "cold",
+                        "state": {"snapshot_id": cold.current_snapshot().snapshot_id},
+                    },
+                    {"source": "kafka-0", "state": {"low": state["high"], "high": state["high"]}},
+                ],
+            )
+        meta = json.loads(client.flight_info("events").app_metadata)
+        df = client.to_pandas("events")
+        log.info(
+            "version %d after the flush: %d rows (no duplicates: %s), sources %s",
+            v,
+            len(df),
+            df["id"].is_unique,
+            [s["name"] for s in meta["sources"]],
+        )
+
+        t0 = time.monotonic()
+        send(300, 10)
+        while client.read("events").num_rows < 310 and time.monotonic() - t0 < 10:
+            time.sleep(0.02)
+        log.info(
+            "10 new Kafka messages visible in a gateway read after %.2f s", time.monotonic() - t0
+        )
+        stop.set()
+        worker.join(10)
+        # Let the Kafka clients go before the broker stops, so they do not log reconnects.
+        del send, producer, admin
+        gc.collect()
 
 
 if __name__ == "__main__":

@@ -28,3 +28,4 @@ def test_demo_runs(tmp_path: Path) -> None:
     assert "pandas, latest version: 2050 rows" in log
     assert "time travel to version 1: 1700 rows" in log
     assert "'errors': 'pruned'" in log and "rows: 50" in log
+    assert "300 rows (no duplicates: True)" in log and "10 new Kafka messages visible" in log
