@@ -198,7 +198,7 @@ def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
         )
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
 
-        def send(start: int, n: int) -> None:
+        def send(producer: Any, start: int, n: int) -> None:
             for i in range(start, start + n):
                 producer.produce(
                     "events",
@@ -213,7 +213,7 @@ def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
         stop = threading.Event()
         worker = threading.Thread(target=ingester.run, args=(stop,), daemon=True)
         worker.start()
-        send(0, 300)
+        send(producer, 0, 300)
         deadline = time.monotonic() + 15
         while client.read("events").num_rows < 300 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -254,7 +254,7 @@ def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
         )
 
         t0 = time.monotonic()
-        send(300, 10)
+        send(producer, 300, 10)
         while client.read("events").num_rows < 310 and time.monotonic() - t0 < 10:
             time.sleep(0.02)
         log.info(
@@ -263,7 +263,7 @@ def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
         stop.set()
         worker.join(10)
         # Let the Kafka clients go before the broker stops, so they do not log reconnects.
-        del send, producer, admin
+        del producer, admin
         gc.collect()
 
 
