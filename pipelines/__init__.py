@@ -1,0 +1,1 @@
+"""Data movement between tiers: library movers (``pipelines.movers``) and, later, Spark jobs."""

@@ -1,0 +1,399 @@
+"""Movers: move rows from a hot source to a cold one, visible exactly once at every version.
+
+Each mover is lock-based (it holds the harness lock on every source it changes), restartable
+and idempotent. A mover killed at any step and started again neither duplicates nor loses rows:
+
+- Until the harness commit, readers are pinned to the old states, so nothing done so far is
+  visible (an Iceberg append is an unreferenced snapshot, a Postgres write is newer than the
+  pinned ``as_of``).
+- Every Iceberg append made by a mover carries snapshot properties (``harness.table``,
+  ``harness.source``, ``harness.low``/``harness.high`` or the moved keys). Before moving, a
+  mover *adopts* such orphaned appends, the snapshots after the pinned one, by committing them
+  with the source states they imply, instead of appending the same rows again.
+- Harness commits use deterministic commit ids, so repeating one applies nothing twice.
+
+``HARNESS_FAULT_INJECT=<step>`` makes the process exit abruptly at that step (kill tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from clients import HarnessClient
+from flight_gateway.catalog.config import resolve_config
+from flight_gateway.errors import Conflict
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint(step: str) -> None:
+    """Fault injection for kill tests: die here, as a SIGKILL would, when asked to."""
+    if os.environ.get("HARNESS_FAULT_INJECT") == step:
+        log.warning("fault injection: exiting at %s", step)
+        os._exit(17)
+
+
+@dataclass
+class MoveResult:
+    version: int | None
+    rows: int
+    adopted: list[int] = field(default_factory=list)  # orphaned Iceberg snapshots committed
+
+
+def _sources(desc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in desc["sources"]}
+
+
+def _iceberg_table(source: Mapping[str, Any]) -> Any:
+    from planners.iceberg import load_table
+
+    return load_table(resolve_config(source["config"]))
+
+
+def _snapshots_after(itable: Any, pinned: int | None) -> list[Any]:
+    """Snapshots on the current lineage newer than ``pinned``, oldest first."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    current = itable.current_snapshot()
+    if current is None:
+        return []
+    out: list[Any] = []
+    for snap in ancestors_of(current, itable.metadata):
+        if snap.snapshot_id == pinned:
+            return list(reversed(out))
+        out.append(snap)
+    if pinned is not None:
+        raise Conflict(f"pinned Iceberg snapshot {pinned} is not an ancestor of the current one")
+    return list(reversed(out))
+
+
+def _props(snap: Any) -> dict[str, str]:
+    return dict(snap.summary.additional_properties) if snap.summary is not None else {}
+
+
+def _added_rows(itable: Any, snap: Any, columns: Sequence[str]) -> pa.Table:
+    """The rows a snapshot added (its own data files), for adopting cold moves by key."""
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+
+    paths = [
+        e.data_file.file_path
+        for m in snap.manifests(itable.io)
+        for e in m.fetch_manifest_entry(itable.io)
+        if e.snapshot_id == snap.snapshot_id
+    ]
+    if not paths:
+        return pa.table({c: pa.array([], pa.int64()) for c in columns})
+    fs, first = pafs.FileSystem.from_uri(paths[0])
+    local = [first] + [pafs.FileSystem.from_uri(p)[1] for p in paths[1:]]
+    return ds.dataset(local, format="parquet", filesystem=fs).to_table(columns=list(columns))
+
+
+class _Mover:
+    def __init__(
+        self,
+        client: HarnessClient,
+        table: str,
+        hot: str,
+        cold: str,
+        *,
+        owner: str,
+        ttl_s: float = 120,
+        wait_s: float = 120,
+    ) -> None:
+        self.client, self.table, self.hot, self.cold = client, table, hot, cold
+        self.owner, self.ttl_s, self.wait_s = owner, ttl_s, wait_s
+
+    def _locked(self, names: Sequence[str] | set[str]) -> Any:
+        return self.client.lock(
+            self.table, sorted(set(names)), owner=self.owner, ttl_s=self.ttl_s, wait_s=self.wait_s
+        )
+
+
+class KafkaToIcebergMover(_Mover):
+    """Flush a Kafka source's ``[low, high)`` to an Iceberg source; commit the new snapshot and
+    ``low = high`` in one harness commit (the manifesto's simple example)."""
+
+    def run_once(self) -> MoveResult:
+        held = {self.hot, self.cold}
+        while True:
+            with self._locked(held) as lock:
+                desc = self.client.describe(self.table)
+                srcs = _sources(desc)
+                itable = _iceberg_table(srcs[self.cold])
+                orphans = [
+                    (s, _props(s))
+                    for s in _snapshots_after(itable, srcs[self.cold]["state"].get("snapshot_id"))
+                ]
+                orphan_sources = {
+                    p["harness.source"]
+                    for _, p in orphans
+                    if p.get("harness.table") == self.table and "harness.source" in p
+                }
+                if not orphan_sources <= held:
+                    held |= orphan_sources  # lock every source whose orphan we must adopt
+                    continue
+                return self._move(lock, srcs, itable, orphans)
+
+    def _move(
+        self,
+        lock: Any,
+        srcs: dict[str, dict[str, Any]],
+        itable: Any,
+        orphans: list[tuple[Any, dict[str, str]]],
+    ) -> MoveResult:
+        from planners.base import ColumnSpec
+        from planners.kafka import read_offsets
+
+        lows = {n: int(s["state"].get("low", 0)) for n, s in srcs.items() if s["kind"] == "kafka"}
+        updates: dict[str, dict[str, Any]] = {}
+        adopted = []
+        for snap, p in orphans:
+            if p.get("harness.table") != self.table or "harness.source" not in p:
+                continue
+            name, lo, hi = p["harness.source"], int(p["harness.low"]), int(p["harness.high"])
+            if lows.get(name) != lo:
+                raise Conflict(
+                    f"orphaned Iceberg snapshot {snap.snapshot_id} of {name} [{lo}, {hi}) does not continue its state (low {lows.get(name)}); repair by hand"
+                )
+            lows[name] = hi
+            state = srcs[name]["state"]
+            updates[name] = {"low": hi, "high": max(int(state.get("high", 0)), hi)}
+            adopted.append(snap.snapshot_id)
+        low = lows[self.hot]
+        high = int(srcs[self.hot]["state"].get("high", 0))
+        rows = 0
+        tip = itable.current_snapshot().snapshot_id if itable.current_snapshot() else None
+        if high > low:
+            checkpoint("kafka_iceberg.before_read")
+            schema = itable.schema().as_arrow()
+            harness = {f["name"]: f for f in self.client.describe(self.table)["schema"]}
+            cols = [
+                ColumnSpec(
+                    harness[n]["id"], n, harness[n]["type"], tuple(harness[n].get("aliases", ()))
+                )
+                for n in schema.names
+            ]
+            data = read_offsets(
+                resolve_config(srcs[self.hot]["config"]), low, high, cols, source=self.hot
+            )
+            if data.num_rows and data.num_rows > high - low:
+                raise Conflict(f"read {data.num_rows} rows from [{low}, {high})")
+            checkpoint("kafka_iceberg.before_append")
+            itable.append(
+                data.cast(schema),
+                snapshot_properties={
+                    "harness.table": self.table,
+                    "harness.source": self.hot,
+                    "harness.low": str(low),
+                    "harness.high": str(high),
+                },
+            )
+            tip = itable.current_snapshot().snapshot_id
+            rows = data.num_rows
+            updates[self.hot] = {"low": high, "high": high}
+            checkpoint("kafka_iceberg.after_append")
+        if not updates:
+            return MoveResult(None, 0)
+        version = self.client.commit(
+            self.table,
+            commit_id=f"move:{self.table}:{self.cold}:{tip}",
+            lock=lock,
+            updates=[{"source": self.cold, "state": {"snapshot_id": tip}}]
+            + [{"source": n, "state": s} for n, s in updates.items()],
+            summary={"operation": "kafka-to-iceberg", "rows": rows, "adopted": adopted},
+        )
+        checkpoint("kafka_iceberg.after_commit")
+        log.info(
+            "moved %d rows %s -> %s (adopted %s) as version %d",
+            rows,
+            self.hot,
+            self.cold,
+            adopted,
+            version,
+        )
+        return MoveResult(version, rows, adopted)
+
+
+class KafkaToPostgresMover(_Mover):
+    """Upsert a Kafka source's ``[low, high)`` into a versioned Postgres table by the table's
+    primary key; commit ``low = high`` and the new ``as_of`` together (the medium example).
+    Upserts are idempotent, so a killed run is simply repeated."""
+
+    def run_once(self) -> MoveResult:
+        import psycopg
+
+        from planners.base import ColumnSpec
+        from planners.kafka import read_offsets
+        from planners.postgres import table_names
+        from planners.postgres_versioning import server_now
+        from planners.predicates import quote_ident
+
+        with self._locked([self.hot, self.cold]) as lock:
+            desc = self.client.describe(self.table)
+            srcs = _sources(desc)
+            low, high = (
+                int(srcs[self.hot]["state"].get("low", 0)),
+                int(srcs[self.hot]["state"].get("high", 0)),
+            )
+            if high <= low:
+                return MoveResult(None, 0)
+            keys = list(desc["primary_key"])
+            if not keys:
+                raise Conflict(f"table {self.table!r} has no primary_key to upsert by")
+            cols = [
+                ColumnSpec(f["id"], f["name"], f["type"], tuple(f.get("aliases", ())))
+                for f in desc["schema"]
+                if not f["name"].startswith("_")
+            ]
+            data = read_offsets(
+                resolve_config(srcs[self.hot]["config"]), low, high, cols, source=self.hot
+            )
+            pg_config = resolve_config(srcs[self.cold]["config"])
+            schema, table, _ = table_names(pg_config)
+            names = [c.name for c in cols]
+            # Later offsets win within the batch: keep the last row per key.
+            latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+            for row in data.to_pylist():
+                latest[tuple(row[k] for k in keys)] = row
+            target = f"{quote_ident(schema)}.{quote_ident(table)}"
+            sets = ", ".join(
+                f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in names if c not in keys
+            )
+            sql = (
+                f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in names)}) VALUES ({', '.join(['%s'] * len(names))}) "
+                f"ON CONFLICT ({', '.join(quote_ident(k) for k in keys)}) "
+                + (f"DO UPDATE SET {sets}" if sets else "DO NOTHING")
+            )
+            with psycopg.connect(pg_config["dsn"]) as conn:
+                checkpoint("kafka_postgres.before_upsert")
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.executemany(sql, [tuple(r[c] for c in names) for r in latest.values()])
+                checkpoint("kafka_postgres.after_upsert")
+                as_of = server_now(conn)
+            version = self.client.commit(
+                self.table,
+                commit_id=f"move:{self.table}:{self.hot}:{low}:{high}",
+                lock=lock,
+                updates=[
+                    {"source": self.hot, "state": {"low": high, "high": high}},
+                    {"source": self.cold, "state": {"as_of": as_of}},
+                ],
+                summary={"operation": "kafka-to-postgres", "rows": data.num_rows},
+            )
+            checkpoint("kafka_postgres.after_commit")
+            return MoveResult(version, data.num_rows)
+
+
+class PostgresToIcebergMover(_Mover):
+    """Move rows of a versioned Postgres table (all, or those matching ``where``, a harness
+    filter) to an Iceberg source: append, delete them from Postgres, commit the new snapshot and
+    the new ``as_of`` in one harness commit (cold moves of the medium example)."""
+
+    def __init__(
+        self,
+        client: HarnessClient,
+        table: str,
+        hot: str,
+        cold: str,
+        *,
+        where: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(client, table, hot, cold, **kw)
+        self.where = where
+
+    def run_once(self) -> MoveResult:
+        import psycopg
+
+        from planners.postgres import table_names
+        from planners.postgres_versioning import server_now
+        from planners.predicates import parse_filter, quote_ident, to_sql
+
+        with self._locked([self.hot, self.cold]) as lock:
+            desc = self.client.describe(self.table)
+            srcs = _sources(desc)
+            keys = list(desc["primary_key"])
+            if not keys:
+                raise Conflict(f"table {self.table!r} has no primary_key to move by")
+            itable = _iceberg_table(srcs[self.cold])
+            schema = itable.schema().as_arrow()
+            pg_config = resolve_config(srcs[self.hot]["config"])
+            pg_schema, pg_table, _ = table_names(pg_config)
+            target = f"{quote_ident(pg_schema)}.{quote_ident(pg_table)}"
+            key_list = ", ".join(quote_ident(k) for k in keys)
+            orphans = [
+                s
+                for s in _snapshots_after(itable, srcs[self.cold]["state"].get("snapshot_id"))
+                if _props(s).get("harness.table") == self.table
+                and _props(s).get("harness.source") == self.hot
+            ]
+            with psycopg.connect(pg_config["dsn"]) as conn:
+                # Adopt: rows an earlier, killed run already appended must leave Postgres now.
+                for snap in orphans:
+                    moved = _added_rows(itable, snap, keys)
+                    with conn.transaction(), conn.cursor() as cur:
+                        cur.executemany(
+                            f"DELETE FROM {target} WHERE ({key_list}) = ({', '.join(['%s'] * len(keys))})",
+                            [tuple(r[k] for k in keys) for r in moved.to_pylist()],
+                        )
+                sql = f"SELECT {', '.join(quote_ident(n) for n in schema.names)} FROM {target}"
+                params: list[Any] = []
+                if self.where:
+                    from flight_gateway.arrow_types import parse_type
+
+                    arrow = pa.schema(
+                        [pa.field(f["name"], parse_type(f["type"])) for f in desc["schema"]]
+                    )
+                    pred = parse_filter(self.where, arrow)
+                    if pred is not None:
+                        clause, params = to_sql(pred, "%s")
+                        sql += f" WHERE {clause}"
+                with conn.transaction():
+                    rows = conn.execute(sql, params).fetchall()
+                data = pa.Table.from_pylist(
+                    [dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema
+                )
+                if data.num_rows:
+                    checkpoint("postgres_iceberg.before_append")
+                    itable.append(
+                        data,
+                        snapshot_properties={
+                            "harness.table": self.table,
+                            "harness.source": self.hot,
+                            "harness.rows": str(data.num_rows),
+                        },
+                    )
+                    checkpoint("postgres_iceberg.after_append")
+                    with conn.transaction(), conn.cursor() as cur:
+                        cur.executemany(
+                            f"DELETE FROM {target} WHERE ({key_list}) = ({', '.join(['%s'] * len(keys))})",
+                            [tuple(r[k] for k in keys) for r in data.to_pylist()],
+                        )
+                    checkpoint("postgres_iceberg.after_delete")
+                if not data.num_rows and not orphans:
+                    return MoveResult(None, 0)
+                as_of = server_now(conn)
+            tip = itable.current_snapshot().snapshot_id
+            version = self.client.commit(
+                self.table,
+                commit_id=f"move:{self.table}:{self.cold}:{tip}",
+                lock=lock,
+                updates=[
+                    {"source": self.cold, "state": {"snapshot_id": tip}},
+                    {"source": self.hot, "state": {"as_of": as_of}},
+                ],
+                summary={
+                    "operation": "postgres-to-iceberg",
+                    "rows": data.num_rows,
+                    "adopted": [s.snapshot_id for s in orphans],
+                },
+            )
+            checkpoint("postgres_iceberg.after_commit")
+            return MoveResult(version, data.num_rows, [s.snapshot_id for s in orphans])
