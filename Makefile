@@ -25,7 +25,7 @@ demo: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check flight_gateway planners clients
+	$(VENV)/bin/ruff format --check flight_gateway planners clients pipelines
 	$(VENV)/bin/mypy
 
 bench: setup

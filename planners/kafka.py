@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from flight_gateway.errors import InvalidArgument, Unavailable
@@ -261,18 +262,19 @@ class _Decoder:
                 f"kafka source {source!r}: on_error=dead_letter needs dead_letter_topic"
             )
         self.key_column = config.get("key_column")
-        fields = []
-        seen = set()
+        # Messages written before a rename carry the old name, later ones the new name, and one
+        # topic may hold both: parse every name a column has had and coalesce them per row.
+        self.candidates = {c.name: (c.name, *c.aliases) for c in cols if c.name not in META}
+        parse_fields: dict[str, pa.Field] = {}
         for c in cols:
-            if c.name in META:
+            if c.name in META or c.name == self.key_column:
                 continue
-            for name in (c.name, *c.aliases):  # every name the value may use
-                if name not in seen:
-                    seen.add(name)
-                    fields.append(pa.field(name, c.arrow_type))
-        self.value_schema = pa.schema([f for f in fields if f.name != self.key_column])
+            for name in self.candidates[c.name]:
+                parse_fields.setdefault(name, pa.field(name, c.arrow_type))
+        self.value_schema = pa.schema(list(parse_fields.values()))
+        out = [pa.field(c.name, c.arrow_type) for c in cols if c.name not in META]
         meta = [pa.field(n, t) for n, t in META.items() if any(c.name == n for c in cols)]
-        self.physical_schema = pa.schema(list(fields) + meta)
+        self.physical_schema = pa.schema(out + meta)
         self._avro_schemas: dict[int, Any] = {}
 
     # ---- values
@@ -359,7 +361,12 @@ class _Decoder:
             self._handle_bad([msgs[i] for i in bad])
             keep = sorted(set(range(len(msgs))) - set(bad))
             msgs = [msgs[i] for i in keep]
-        columns = {name: table.column(name) for name in table.column_names}
+        columns: dict[str, Any] = {}
+        for name, names in self.candidates.items():
+            present = [table.column(n) for n in names if n in table.column_names]
+            if not present:
+                continue
+            columns[name] = present[0] if len(present) == 1 else pc.coalesce(*present)
         if self.key_column:
             keys = [m.key() for m in msgs]
             t = next(f.type for f in self.physical_schema if f.name == self.key_column)

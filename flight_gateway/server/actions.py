@@ -9,7 +9,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from flight_gateway.arrow_types import parse_type
 from flight_gateway.catalog import Catalog
+from flight_gateway.catalog.config import resolve_config
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.protocol.messages import parse_timestamp
 from flight_gateway.server.auth import Principal
@@ -146,9 +148,44 @@ def commit(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]
 
 
 def evolve_schema(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+    """Validate, apply the additive part to every source with a schema, then commit once."""
+    from flight_gateway.catalog.schema import evolve
+    from flight_gateway.errors import HarnessError, Unavailable
+    from planners.base import SourceRef
+    from planners.ddl import Additive, apply_additive
+
     table = _table(body)
     who.require("write", table)
-    res = cat.evolve_schema(table, body.get("commit_id"), body.get("changes") or [])  # type: ignore[arg-type]
+    changes = body.get("changes") or []
+    snap = cat.describe(table)
+    new = evolve(snap.schema, changes, protected=[*snap.partition_by, *snap.primary_key])
+    old_by_id = {f.id: f for f in snap.schema.fields}
+    additive = []
+    for f in new.fields:
+        old = old_by_id.get(f.id)
+        if old is None:
+            additive.append(Additive("add", (f.name,), parse_type(f.type)))
+        elif old.type != f.type:
+            additive.append(Additive("widen", (f.name, *f.aliases), parse_type(f.type)))
+    for s in snap.sources:
+        ref = SourceRef(
+            s.name,
+            s.kind,
+            resolve_config(s.config, where=f"source {s.name!r}"),
+            s.partition,
+            s.state,
+        )
+        try:
+            apply_additive(ref, additive)
+        except HarnessError as e:
+            raise type(e)(
+                f"schema change not applied to source {s.name!r} ({s.kind}): {e}; the harness schema is unchanged"
+            ) from e
+        except Exception as e:
+            raise Unavailable(
+                f"schema change not applied to source {s.name!r} ({s.kind}): {e}; the harness schema is unchanged"
+            ) from e
+    res = cat.evolve_schema(table, body.get("commit_id"), changes)  # type: ignore[arg-type]
     return {"version": res.version, "schema_id": res.schema_id, "applied": res.applied}
 
 
