@@ -169,7 +169,7 @@ def test_failed_ddl_leaves_harness_schema_unchanged(
     )
     before = client.describe("t")
     with pytest.raises(
-        Unavailable, match="source 'broken' \\(postgres\\).*harness schema is unchanged"
+        Unavailable, match=r"source 'broken' \(postgres\).*harness schema is unchanged"
     ):
         client.evolve_schema("t", [{"op": "add_column", "name": "extra", "type": "string"}])
     after = client.describe("t")
