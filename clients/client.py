@@ -216,6 +216,25 @@ class HarnessClient:
         con = connection if connection is not None else duckdb.default_connection()
         return con.from_arrow(data)
 
+    def put(
+        self, table: str, data: pa.Table, *, commit_id: str | None = None, source: str | None = None
+    ) -> dict[str, Any]:
+        """Upload rows (DoPut): routed by partition values (or to ``source``), one commit.
+        Pass the same ``commit_id`` when retrying after an error: it never writes twice."""
+        cmd: dict[str, Any] = {"table": table, "commit_id": commit_id or uuid.uuid4().hex}
+        if source is not None:
+            cmd["source"] = source
+        descriptor = fl.FlightDescriptor.for_command(json.dumps(cmd).encode())
+        try:
+            writer, reply = self._flight.do_put(descriptor, data.schema, self._options())
+            writer.write_table(data)
+            writer.done_writing()
+            buf = reply.read()
+            writer.close()
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from e
+        return dict(json.loads(buf.to_pybytes())) if buf is not None else {}
+
     # ------------------------------------------------------------------ actions
 
     def list_tables(self) -> list[str]:

@@ -349,6 +349,17 @@ class Catalog:
                 sources=snaps,
             )
 
+    def find_commit(self, name: str, commit_id: str) -> int | None:
+        """The version a commit id produced, or None if it was never applied."""
+        with read_tx(self.engine) as conn:
+            t = self._table_row(conn, name)
+            v = conn.execute(
+                select(versions.c.version).where(
+                    versions.c.table_id == t.id, versions.c.commit_id == commit_id
+                )
+            ).scalar()
+            return None if v is None else int(v)
+
     def current_version(self, name: str) -> int:
         with read_tx(self.engine) as conn:
             return int(self._table_row(conn, name).current_version)

@@ -175,6 +175,7 @@ class HarnessFlightServer(fl.FlightServerBase):
         result = handler(self.catalog, principal_of(context), body)
         return iter([fl.Result(json.dumps(result).encode())])
 
+    @_flight_errors
     def do_put(
         self,
         context: fl.ServerCallContext,
@@ -182,4 +183,13 @@ class HarnessFlightServer(fl.FlightServerBase):
         reader: fl.MetadataRecordBatchReader,
         writer: fl.FlightMetadataWriter,
     ) -> None:
-        raise NotImplementedError("DoPut ingest is not implemented yet")
+        from flight_gateway.server.ingest import do_put
+
+        if descriptor.descriptor_type != fl.DescriptorType.CMD:
+            raise InvalidArgument(
+                'DoPut needs a command descriptor {"table", "commit_id", "source"?}'
+            )
+        command = decode_json(descriptor.command, "DoPut descriptor")
+        data = reader.read_all()  # validated and routed whole, before anything is written
+        result = do_put(self.catalog, principal_of(context), command, data)
+        writer.write(pa.py_buffer(json.dumps(result).encode()))

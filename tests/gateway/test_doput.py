@@ -1,0 +1,160 @@
+"""DoPut into every writable kind: routing, validation, and retries that never duplicate."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+from clients import HarnessClient
+from flight_gateway.errors import InvalidArgument
+from planners.postgres_versioning import enable_versioning, server_now
+from tests.gateway.helpers import IcebergFixture
+from tests.gateway.kafka_helpers import new_topic
+
+pytestmark = pytest.mark.integration
+SCHEMA = [
+    {"name": "id", "type": "int64", "nullable": False},
+    {"name": "region", "type": "string"},
+    {"name": "v", "type": "double"},
+]
+ARROW = pa.schema([("id", pa.int64()), ("region", pa.string()), ("v", pa.float64())])
+REGIONS = ["files", "iceberg", "postgres", "kafka"]
+
+
+@pytest.fixture
+def routed(
+    client: HarnessClient,
+    tmp_path: Path,
+    iceberg: IcebergFixture,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+) -> dict:
+    pg = f"put_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{pg}" (id bigint, region text, v double precision)')
+        enable_versioning(conn, pg)
+        as_of = server_now(conn)
+    iceberg.create("put", ARROW)
+    topic = new_topic(kafka_bootstrap)
+    client.create_table("t", SCHEMA, partition_by=["region"])
+    client.commit(
+        "t",
+        add_sources=[
+            {
+                "name": "files",
+                "kind": "files",
+                "partition": {"region": "files"},
+                "config": {"root": str(tmp_path / "files")},
+                "state": {"files": []},
+            },
+            {
+                "name": "iceberg",
+                "kind": "iceberg",
+                "partition": {"region": "iceberg"},
+                "config": iceberg.source_config("put"),
+                "state": {"snapshot_id": None},
+            },
+            {
+                "name": "postgres",
+                "kind": "postgres",
+                "partition": {"region": "postgres"},
+                "config": {"dsn": pg_dsn, "table": pg},
+                "state": {"as_of": as_of},
+            },
+            {
+                "name": "kafka",
+                "kind": "kafka",
+                "partition": {"region": "kafka"},
+                "config": {"bootstrap_servers": kafka_bootstrap, "topic": topic, "partition": 0},
+                "state": {"low": 0, "high": 0},
+            },
+        ],
+    )
+    return {"pg": pg, "pg_dsn": pg_dsn}
+
+
+def batch(start: int, n: int) -> pa.Table:
+    ids = list(range(start, start + n))
+    return pa.table(
+        {"id": ids, "region": [REGIONS[i % 4] for i in ids], "v": [i / 2 for i in ids]},
+        schema=ARROW,
+    )
+
+
+def counts(client: HarnessClient) -> dict[str, int]:
+    t = client.read("t", columns=["region"])
+    return {r: t.filter(pa.compute.equal(t.column("region"), r)).num_rows for r in REGIONS}
+
+
+def test_put_routes_to_every_kind_and_repeats_apply_once(
+    client: HarnessClient, routed: dict
+) -> None:
+    before = client.describe("t")["version"]
+    res = client.put("t", batch(0, 40), commit_id="upload-1")
+    assert res["applied"] and res["rows"] == 40
+    assert client.describe("t")["version"] == res["version"] > before
+    assert counts(client) == {r: 10 for r in REGIONS}
+    again = client.put("t", batch(0, 40), commit_id="upload-1")  # the reply was lost: retry
+    assert not again["applied"] and again["version"] == res["version"]
+    assert counts(client) == {r: 10 for r in REGIONS}
+    client.put("t", batch(40, 8), commit_id="upload-2")
+    t = client.read("t").sort_by("id")
+    assert t.column("id").to_pylist() == list(range(48)) and t.column("v").to_pylist()[3] == 1.5
+    assert len(client.read("t", version=res["version"])) == 40
+
+
+def test_failure_before_commit_then_retry_never_duplicates(
+    gateway, client: HarnessClient, routed: dict
+) -> None:
+    _, catalog = gateway
+    real_commit = catalog.commit
+    failures = {"left": 1}
+
+    def flaky_commit(table, commit_id, **kw):  # the gateway dies after writing, before committing
+        if commit_id == "upload-x" and failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("simulated crash before the harness commit")
+        return real_commit(table, commit_id, **kw)
+
+    catalog.commit = flaky_commit
+    try:
+        with pytest.raises(Exception, match="simulated crash"):
+            client.put("t", batch(0, 40), commit_id="upload-x")
+        assert counts(client) == {r: 0 for r in REGIONS}  # written, but not visible
+        res = client.put("t", batch(0, 40), commit_id="upload-x")
+    finally:
+        catalog.commit = real_commit
+    assert res["applied"]
+    assert counts(client) == {r: 10 for r in REGIONS}  # exactly once in every kind
+    with psycopg.connect(routed["pg_dsn"]) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{routed["pg"]}"').fetchone() == (10,)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (pa.table({"id": [1], "region": ["files"], "zzz": [1]}), "not in table"),
+        (pa.table({"id": ["x"], "region": ["files"]}), "cannot store"),
+        (pa.table({"id": pa.array([None], pa.int64()), "region": ["files"]}), "not nullable"),
+        (pa.table({"id": [1, 2], "region": ["files", "mars"]}), "route to no writable source"),
+    ],
+)
+def test_bad_uploads_write_nothing(
+    client: HarnessClient, routed: dict, data: pa.Table, message: str
+) -> None:
+    before = client.describe("t")
+    with pytest.raises(InvalidArgument, match=message):
+        client.put("t", data, commit_id=f"bad-{uuid.uuid4().hex}")
+    assert client.describe("t") == before
+    assert counts(client) == {r: 0 for r in REGIONS}
+
+
+def test_put_to_named_source_checks_partition(client: HarnessClient, routed: dict) -> None:
+    with pytest.raises(InvalidArgument, match="do not match the partition"):
+        client.put("t", batch(0, 4), source="files")
+    client.put("t", pa.table({"id": [7], "region": ["files"]}), source="files")
+    assert counts(client)["files"] == 1
