@@ -32,6 +32,10 @@ from flight_gateway.errors import Conflict
 log = logging.getLogger(__name__)
 
 
+#: Columns computed at read time, never stored in a target.
+_METADATA = {"_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key", "_source"}
+
+
 def checkpoint(step: str) -> None:
     """Fault injection for kill tests: die here, as a SIGKILL would, when asked to."""
     if os.environ.get("HARNESS_FAULT_INJECT") == step:
@@ -250,7 +254,7 @@ class KafkaToPostgresMover(_Mover):
             cols = [
                 ColumnSpec(f["id"], f["name"], f["type"], tuple(f.get("aliases", ())))
                 for f in desc["schema"]
-                if not f["name"].startswith("_")
+                if f["name"] not in _METADATA
             ]
             data = read_offsets(
                 resolve_config(srcs[self.hot]["config"]), low, high, cols, source=self.hot

@@ -367,6 +367,13 @@ class _Decoder:
             if not present:
                 continue
             columns[name] = present[0] if len(present) == 1 else pc.coalesce(*present)
+        if "_deleted" in self.candidates:
+            # A null value (Kafka's tombstone convention) deletes its key in the primary-key view.
+            tomb = pa.array([m.value() is None for m in msgs], pa.bool_())
+            given = columns.get("_deleted")
+            columns["_deleted"] = (
+                tomb if given is None else pc.or_(pc.fill_null(given.cast(pa.bool_()), False), tomb)
+            )
         if self.key_column:
             keys = [m.key() for m in msgs]
             t = next(f.type for f in self.physical_schema if f.name == self.key_column)

@@ -25,7 +25,7 @@ from flight_gateway.catalog.schema import Schema
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.protocol import ReadRequest, TicketSigner
 from planners.base import ColumnSpec, ScanRequest, ScanTask, SourceRef
-from planners.predicates import Expr, can_match, columns, parse_filter
+from planners.predicates import Expr, can_match, columns, conjoin, conjuncts, parse_filter
 from planners.registry import get_planner
 from planners.scan import execute
 
@@ -130,9 +130,9 @@ class ReadService:
         return snap, arrow_schema(snap.schema, projection)
 
     def plan(self, req: ReadRequest) -> PlannedRead:
-        if req.dedupe:
-            raise NotImplementedError("dedupe (the primary-key view) is not implemented yet")
         snap = self.snapshot(req.table, req.version, req.as_of)
+        if req.dedupe:
+            return self._plan_dedupe(snap, req)
         projection, predicate, specs = self._resolve(snap, req.columns, req.filter)
         full = arrow_schema(snap.schema)
         endpoints: list[Endpoint] = []
@@ -170,11 +170,102 @@ class ReadService:
         )
         return PlannedRead(snap, arrow_schema(snap.schema, projection), endpoints, sources)
 
+    # ------------------------------------------------------------------ primary-key view
+
+    def _dedupe_columns(
+        self, snap: TableSnapshot, projection: list[str], predicate: Expr | None
+    ) -> tuple[list[str], Expr | None]:
+        """Columns to read (projection, keys, filter, ordering, tombstone) and the part of the
+        filter that may be pushed below the dedupe: conjuncts on key columns only, because
+        every version of a key shares its key values."""
+        keys = list(snap.primary_key)
+        order_by = snap.properties.get("dedupe.order_by")
+        extra = [*keys, *(sorted(columns(predicate)) if predicate else [])]
+        extra += [c for c in (order_by, "_deleted") if c and c in snap.schema.names]
+        read = list(dict.fromkeys([*projection, *extra]))
+        pushable = [c for c in conjuncts(predicate) if columns(c) <= set(keys)]
+        return read, conjoin(pushable)
+
+    def _plan_dedupe(self, snap: TableSnapshot, req: ReadRequest) -> PlannedRead:
+        if not snap.primary_key:
+            raise InvalidArgument(f"dedupe needs a primary_key; table {snap.table!r} has none")
+        projection, predicate, _ = self._resolve(snap, req.columns, req.filter)
+        full = arrow_schema(snap.schema)
+        # Co-partitioned by key: a key lives in one partition, so each partition group is
+        # deduplicated on its own (one task each). Otherwise one task over the whole table.
+        by_key = bool(snap.partition_by) and set(snap.partition_by) <= set(snap.primary_key)
+        groups: dict[str, list[str]] = {}
+        sources: list[dict[str, Any]] = []
+        for s in snap.sources:
+            if not can_match(predicate, s.partition, full):
+                sources.append({"name": s.name, "kind": s.kind, "pruned": True, "tasks": 0})
+                continue
+            sources.append({"name": s.name, "kind": s.kind, "pruned": False, "tasks": 1})
+            group = json.dumps(dict(s.partition), sort_keys=True) if by_key and s.partition else "*"
+            groups.setdefault(group, []).append(s.name)
+        if by_key and "*" in groups and len(groups) > 1:
+            groups = {
+                "*": [n for g in groups.values() for n in g]
+            }  # a source without partition values spans every key
+        endpoints = []
+        for names in groups.values():
+            ticket, expires = self.signer.sign(
+                {
+                    "v": TICKET_VERSION,
+                    "table": snap.table,
+                    "version": snap.version,
+                    "dedupe": True,
+                    "sources": names,
+                    "columns": projection,
+                    "filter": req.filter,
+                    "limit": req.limit,
+                }
+            )
+            endpoints.append(Endpoint(ScanTask("*", "dedupe", {"sources": names}), ticket, expires))
+        return PlannedRead(snap, arrow_schema(snap.schema, projection), endpoints, sources)
+
+    def _open_dedupe(self, snap: TableSnapshot, payload: dict[str, Any]) -> pa.RecordBatchReader:
+        from planners.dedupe import DEFAULT_TIERS, latest_per_key, with_rank
+        from planners.predicates import to_arrow
+
+        projection, predicate, _ = self._resolve(snap, payload["columns"], payload.get("filter"))
+        read, pushable = self._dedupe_columns(snap, projection, predicate)
+        specs = tuple(
+            ColumnSpec(f.id, f.name, f.type, f.aliases)
+            for f in (snap.schema.field(n) for n in read)
+        )
+        order_by = snap.properties.get("dedupe.order_by")
+        parts = []
+        for name in payload["sources"]:
+            s = snap.source(name)
+            request = self._scan_request(snap, name, specs, pushable, None)
+            tier = int(request.source.config.get("tier", DEFAULT_TIERS.get(s.kind, 0)))
+            seq = 0
+            for task in get_planner(s.kind).plan(request):
+                part = execute(request, task, read).read_all()
+                parts.append(with_rank(part, tier, seq, order_by))
+                seq += part.num_rows
+        if not parts:
+            return pa.RecordBatchReader.from_batches(
+                arrow_schema(snap.schema, projection), iter(())
+            )
+        data = latest_per_key(parts, snap.primary_key)
+        if predicate is not None:
+            data = data.filter(to_arrow(predicate, data.schema))
+        data = data.select(projection)
+        if payload.get("limit") is not None:
+            data = data.slice(0, int(payload["limit"]))
+        return pa.RecordBatchReader.from_batches(
+            data.schema, data.to_batches(max_chunksize=64 * 1024)
+        )
+
     def open(self, payload: dict[str, Any]) -> pa.RecordBatchReader:
         """The stream of one verified ticket payload."""
         if payload.get("v") != TICKET_VERSION:
             raise InvalidArgument(f"unsupported ticket version {payload.get('v')!r}")
         snap = self.snapshot(payload["table"], int(payload["version"]))
+        if payload.get("dedupe"):
+            return self._open_dedupe(snap, payload)
         projection, predicate, specs = self._resolve(
             snap, payload["columns"], payload.get("filter")
         )
