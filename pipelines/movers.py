@@ -259,6 +259,14 @@ class KafkaToPostgresMover(_Mover):
             data = read_offsets(
                 resolve_config(srcs[self.hot]["config"]), low, high, cols, source=self.hot
             )
+            order_by = desc["properties"].get("dedupe.order_by")
+            if order_by in data.column_names:
+                # Stamp tombstones with an ordering value while Kafka's order is still known:
+                # in Postgres and Iceberg row order means nothing.
+                from planners.dedupe import fill_order
+
+                idx = data.column_names.index(order_by)
+                data = data.set_column(idx, data.field(idx), fill_order(data.column(idx)))
             pg_config = resolve_config(srcs[self.cold]["config"])
             schema, table, _ = table_names(pg_config)
             names = [c.name for c in cols]
@@ -401,3 +409,82 @@ class PostgresToIcebergMover(_Mover):
             )
             checkpoint("postgres_iceberg.after_commit")
             return MoveResult(version, data.num_rows, [s.snapshot_id for s in orphans])
+
+
+class PostgresToDuckLakeMover(_Mover):
+    """Move rows of a versioned Postgres table into a DuckLake table (the basement dweller's
+    example): upsert them into the lake (delete the keys, insert, one DuckDB transaction, so a
+    repeat never duplicates), delete them from Postgres, and commit the lake snapshot and the
+    new ``as_of`` in one harness commit. A lake snapshot newer than the pinned one (an earlier
+    run killed before its commit) is adopted."""
+
+    def run_once(self) -> MoveResult:
+        import psycopg
+
+        from planners.ducklake import connect, table_ref
+        from planners.postgres import table_names
+        from planners.postgres_versioning import server_now
+        from planners.predicates import quote_ident
+
+        with self._locked([self.hot, self.cold]) as lock:
+            desc = self.client.describe(self.table)
+            srcs = _sources(desc)
+            keys = list(desc["primary_key"])
+            if not keys:
+                raise Conflict(f"table {self.table!r} has no primary_key to move by")
+            lake_cfg = resolve_config(srcs[self.cold]["config"])
+            pg_config = resolve_config(srcs[self.hot]["config"])
+            pg_schema, pg_table, _ = table_names(pg_config)
+            target = f"{quote_ident(pg_schema)}.{quote_ident(pg_table)}"
+            con = connect(lake_cfg, read_only=False)
+            try:
+                lake = table_ref(lake_cfg)
+                names = [d[0] for d in con.execute(f"SELECT * FROM {lake} LIMIT 0").description]
+                with psycopg.connect(pg_config["dsn"]) as conn:
+                    with conn.transaction():
+                        rows = conn.execute(
+                            f"SELECT {', '.join(quote_ident(n) for n in names)} FROM {target}"
+                        ).fetchall()
+                    if rows:
+                        data = pa.Table.from_pylist(
+                            [dict(zip(names, r, strict=True)) for r in rows]
+                        )
+                        con.register("moving", data)
+                        checkpoint("postgres_ducklake.before_lake")
+                        con.execute("BEGIN")
+                        on = " AND ".join(
+                            f"{lake}.{quote_ident(k)} = moving.{quote_ident(k)}" for k in keys
+                        )
+                        con.execute(f"DELETE FROM {lake} USING moving WHERE {on}")
+                        con.execute(
+                            f"INSERT INTO {lake} SELECT {', '.join(quote_ident(n) for n in names)} FROM moving"
+                        )
+                        con.execute("COMMIT")
+                        checkpoint("postgres_ducklake.after_lake")
+                        key_list = ", ".join(quote_ident(k) for k in keys)
+                        with conn.transaction(), conn.cursor() as cur:
+                            cur.executemany(
+                                f"DELETE FROM {target} WHERE ({key_list}) = ({', '.join(['%s'] * len(keys))})",
+                                [tuple(r[names.index(k)] for k in keys) for r in rows],
+                            )
+                        checkpoint("postgres_ducklake.after_delete")
+                    snapshot = int(
+                        con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()[0]
+                    )
+                    if not rows and snapshot == srcs[self.cold]["state"].get("snapshot_id"):
+                        return MoveResult(None, 0)
+                    as_of = server_now(conn)
+            finally:
+                con.close()
+            version = self.client.commit(
+                self.table,
+                commit_id=f"move:{self.table}:{self.cold}:{snapshot}",
+                lock=lock,
+                updates=[
+                    {"source": self.cold, "state": {"snapshot_id": snapshot}},
+                    {"source": self.hot, "state": {"as_of": as_of}},
+                ],
+                summary={"operation": "postgres-to-ducklake", "rows": len(rows)},
+            )
+            checkpoint("postgres_ducklake.after_commit")
+            return MoveResult(version, len(rows))

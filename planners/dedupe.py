@@ -3,7 +3,8 @@
 Rank of a row, highest wins: the source's tier (config ``tier``; by default Kafka 2, Postgres 1,
 cold kinds 0, since data flows hot -> cold), then the table's ordering column (property
 ``dedupe.order_by``, e.g. ``updated_at`` or ``_kafka_offset``) when it has one, then the row's
-position in its source (later files in the list, higher offsets, later rows). A row whose
+position in its source (later files in the list, higher offsets, later rows). A row with no
+ordering value takes the largest one before it in its source. A row whose
 ``_deleted`` column is true is a tombstone: it hides its key.
 """
 
@@ -18,11 +19,18 @@ DEFAULT_TIERS = {"kafka": 2, "postgres": 1}
 _RANK = ("__tier", "__order", "__seq")
 
 
+def fill_order(order: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A row with no ordering value (a Kafka null-value tombstone) is as new as the newest
+    row before it in its source: position is the source's own chronology."""
+    running = pc.fill_null_forward(pc.cumulative_max(order, skip_nulls=True))
+    return pc.fill_null(order, running)
+
+
 def with_rank(table: pa.Table, tier: int, seq_start: int, order_by: str | None) -> pa.Table:
     n = table.num_rows
     table = table.append_column("__tier", pa.array([tier] * n, pa.int32()))
     if order_by and order_by in table.column_names:
-        table = table.append_column("__order", table.column(order_by))
+        table = table.append_column("__order", fill_order(table.column(order_by)))
     table = table.append_column("__seq", pa.array(range(seq_start, seq_start + n), pa.int64()))
     return table
 

@@ -240,11 +240,13 @@ class ReadService:
             s = snap.source(name)
             request = self._scan_request(snap, name, specs, pushable, None)
             tier = int(request.source.config.get("tier", DEFAULT_TIERS.get(s.kind, 0)))
-            seq = 0
-            for task in get_planner(s.kind).plan(request):
-                part = execute(request, task, read).read_all()
-                parts.append(with_rank(part, tier, seq, order_by))
-                seq += part.num_rows
+            # Tasks come in source order (file list, offsets): rank the source as one stream.
+            pieces = [
+                execute(request, task, read).read_all()
+                for task in get_planner(s.kind).plan(request)
+            ]
+            if pieces:
+                parts.append(with_rank(pa.concat_tables(pieces), tier, 0, order_by))
         if not parts:
             return pa.RecordBatchReader.from_batches(
                 arrow_schema(snap.schema, projection), iter(())

@@ -1,0 +1,101 @@
+"""What the examples need, started locally: a gateway, a Kafka-protocol broker, a scratch
+Postgres database and an Iceberg catalog. Set HARNESS_PG_DSN to use another Postgres."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyiceberg.catalog.sql import SqlCatalog
+
+from clients import HarnessClient
+from flight_gateway.catalog import Catalog
+from flight_gateway.local_kafka import local_broker
+from flight_gateway.server import GatewayConfig, HarnessFlightServer
+
+PG_ADMIN = os.environ.get("HARNESS_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@dataclass
+class Env:
+    client: HarnessClient
+    bootstrap: str
+    pg_dsn: str
+    root: Path
+    iceberg: SqlCatalog
+    iceberg_props: dict[str, Any]
+
+    def topic(self, name: str, partitions: int) -> str:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for f in admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1)]
+        ).values():
+            f.result(30)
+        return name
+
+    def produce(
+        self, topic: str, rows: list[tuple[int, bytes | None, dict[str, Any] | None]]
+    ) -> None:
+        """(partition, key, value-or-None) messages, acknowledged before returning."""
+        p = Producer(
+            {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 2}
+        )
+        for partition, key, value in rows:
+            p.produce(
+                topic,
+                key=key,
+                value=None if value is None else json.dumps(value).encode(),
+                partition=partition,
+            )
+        assert p.flush(30) == 0
+
+    def iceberg_source(self, identifier: str) -> dict[str, Any]:
+        return {"catalog": {"type": "sql", **self.iceberg_props}, "identifier": identifier}
+
+
+@contextlib.contextmanager
+def environment(catalog_url: str | None = None) -> Iterator[Env]:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("flight_gateway").setLevel(logging.WARNING)
+    logging.getLogger("pipelines").setLevel(logging.WARNING)
+    db = f"harness_example_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{db}"')
+    pg_dsn = PG_ADMIN.rpartition("/")[0] + "/" + db
+    try:
+        with tempfile.TemporaryDirectory() as tmp, local_broker() as bootstrap:
+            root = Path(tmp)
+            (root / "warehouse").mkdir()
+            props = {
+                "uri": f"sqlite:///{root / 'iceberg.db'}",
+                "warehouse": f"file://{root / 'warehouse'}",
+            }
+            ice = SqlCatalog("default", **props)
+            ice.create_namespace("db")
+            catalog = Catalog(catalog_url or f"sqlite:///{root / 'harness.db'}")
+            server = HarnessFlightServer(
+                catalog, GatewayConfig(port=0, allow_anonymous=True, ticket_key=uuid.uuid4().hex)
+            )
+            threading.Thread(target=server.serve, daemon=True).start()
+            client = HarnessClient(f"grpc://127.0.0.1:{server.port}")
+            try:
+                yield Env(client, bootstrap, pg_dsn, root, ice, props)
+            finally:
+                client.close()
+                server.shutdown()
+                catalog.close()
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
