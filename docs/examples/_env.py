@@ -66,7 +66,8 @@ class Env:
 
 
 @contextlib.contextmanager
-def environment(catalog_url: str | None = None) -> Iterator[Env]:
+def environment(*, catalog_in_postgres: bool = False) -> Iterator[Env]:
+    """``catalog_in_postgres``: keep the harness catalog in the scratch Postgres database too."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("flight_gateway").setLevel(logging.WARNING)
     logging.getLogger("pipelines").setLevel(logging.WARNING)
@@ -84,7 +85,7 @@ def environment(catalog_url: str | None = None) -> Iterator[Env]:
             }
             ice = SqlCatalog("default", **props)
             ice.create_namespace("db")
-            catalog = Catalog(catalog_url or f"sqlite:///{root / 'harness.db'}")
+            catalog = Catalog(pg_dsn if catalog_in_postgres else f"sqlite:///{root / 'harness.db'}")
             server = HarnessFlightServer(
                 catalog, GatewayConfig(port=0, allow_anonymous=True, ticket_key=uuid.uuid4().hex)
             )

@@ -17,7 +17,7 @@ from planners.postgres_versioning import enable_versioning, server_now
 log = logging.getLogger("ducklake")
 SCHEMA = pa.schema([("id", pa.int64()), ("msg", pa.string())])
 
-with environment() as probe:  # find the scratch database first, then reuse it for everything
+with environment(catalog_in_postgres=True) as probe:  # catalog, lake metadata, hot table: one DB
     dsn = probe.pg_dsn
     import os
     from urllib.parse import urlparse
@@ -69,10 +69,16 @@ with environment() as probe:  # find the scratch database first, then reuse it f
         lake_tables = conn.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 'ducklake_%'"
         ).fetchone()[0]
+        harness_tables = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 'harness_%'"
+        ).fetchone()[0]
+    assert lake_tables and harness_tables
     log.info(
-        "moved %d rows Postgres -> DuckLake in version %d; DuckLake metadata lives in the same Postgres database (%d ducklake_* tables)",
+        "moved %d rows Postgres -> DuckLake in version %d; the hot table, the DuckLake metadata "
+        "(%d ducklake_* tables) and the harness catalog (%d harness_* tables) share one Postgres database",
         result.rows,
         result.version,
         lake_tables,
+        harness_tables,
     )
     log.info("ducklake example: OK")

@@ -5,12 +5,18 @@ from __future__ import annotations
 import sys
 
 from clients import HarnessClient
-from pipelines.movers import KafkaToIcebergMover, KafkaToPostgresMover, PostgresToIcebergMover
+from pipelines.movers import (
+    KafkaToIcebergMover,
+    KafkaToPostgresMover,
+    PostgresToDuckLakeMover,
+    PostgresToIcebergMover,
+)
 
 MOVERS = {
     "kafka-iceberg": KafkaToIcebergMover,
     "kafka-postgres": KafkaToPostgresMover,
     "postgres-iceberg": PostgresToIcebergMover,
+    "postgres-ducklake": PostgresToDuckLakeMover,
 }
 
 if __name__ == "__main__":

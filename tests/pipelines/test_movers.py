@@ -210,3 +210,60 @@ def test_kafka_to_postgres_mover_survives_kills(
     final = client.read("t").sort_by("id").to_pylist()
     assert [r["id"] for r in final] == list(range(10))
     assert next(r["name"] for r in final if r["id"] == 3) == "updated"
+
+
+@pytest.mark.parametrize(
+    "crash_at",
+    [
+        None,
+        "postgres_ducklake.before_lake",
+        "postgres_ducklake.after_lake",
+        "postgres_ducklake.after_delete",
+        "postgres_ducklake.after_commit",
+    ],
+)
+def test_postgres_to_ducklake_mover_survives_kills(
+    gateway, client: HarnessClient, pg_dsn: str, ducklake, crash_at: str | None
+) -> None:
+    from pipelines.movers import PostgresToDuckLakeMover
+
+    name = f"hot_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{name}" (id bigint PRIMARY KEY, name text)')
+        enable_versioning(conn, name)
+        conn.execute(f"INSERT INTO \"{name}\" SELECT g, 'n' || g FROM generate_series(0, 19) g")
+        as_of = server_now(conn)
+    snap = ducklake.execute("CREATE TABLE lake.cold (id BIGINT, name VARCHAR)")
+    client.create_table("t", SCHEMA, primary_key=["id"])
+    client.commit(
+        "t",
+        add_sources=[
+            {
+                "name": "hot",
+                "kind": "postgres",
+                "config": {"dsn": pg_dsn, "table": name},
+                "state": {"as_of": as_of},
+            },
+            {
+                "name": "lake",
+                "kind": "ducklake",
+                "config": ducklake.source_config("cold"),
+                "state": {"snapshot_id": snap},
+            },
+        ],
+    )
+    assert run_worker(gateway, "postgres-ducklake", "t", "hot", "lake", crash_at) == (
+        17 if crash_at else 0
+    )
+    assert ids_at(client, "t") == list(range(20))
+    PostgresToDuckLakeMover(client, "t", "hot", "lake", owner="restart", wait_s=30).run_once()
+    assert ids_at(client, "t") == list(range(20))
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{name}"').fetchone() == (0,)
+    from planners.ducklake import connect
+
+    con = connect(ducklake.source_config("cold"))
+    try:  # the repeated lake write replaced rows by key instead of duplicating them
+        assert con.execute("SELECT count(*), count(DISTINCT id) FROM lake.main.cold").fetchone() == (20, 20)
+    finally:
+        con.close()
