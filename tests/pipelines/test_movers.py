@@ -264,6 +264,8 @@ def test_postgres_to_ducklake_mover_survives_kills(
 
     con = connect(ducklake.source_config("cold"))
     try:  # the repeated lake write replaced rows by key instead of duplicating them
-        assert con.execute("SELECT count(*), count(DISTINCT id) FROM lake.main.cold").fetchone() == (20, 20)
+        assert con.execute(
+            "SELECT count(*), count(DISTINCT id) FROM lake.main.cold"
+        ).fetchone() == (20, 20)
     finally:
         con.close()
