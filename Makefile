@@ -25,7 +25,7 @@ demo: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check flight_gateway planners clients pipelines
+	$(VENV)/bin/ruff format --check flight_gateway planners clients pipelines spark_datasource
 	$(VENV)/bin/mypy
 
 bench: setup

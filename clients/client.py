@@ -80,27 +80,12 @@ class HarnessClient:
     # ------------------------------------------------------------------ reads
 
     @staticmethod
-    def _descriptor(
-        table: str,
-        columns: Sequence[str] | None,
-        filter: str | None,
-        version: int | None,
-        as_of: Any,
-        limit: int | None,
-        dedupe: bool,
-    ) -> fl.FlightDescriptor:
+    def _descriptor(table: str, **fields: Any) -> fl.FlightDescriptor:
         cmd: dict[str, Any] = {"table": table}
-        for key, value in (
-            ("columns", list(columns) if columns is not None else None),
-            ("filter", filter),
-            ("version", version),
-            ("as_of", as_of),
-            ("limit", limit),
-        ):
-            if value is not None:
-                cmd[key] = value
-        if dedupe:
-            cmd["dedupe"] = True
+        for key, value in fields.items():
+            if value is None or (key == "dedupe" and not value):
+                continue
+            cmd[key] = list(value) if key in ("columns", "sources") else value
         return fl.FlightDescriptor.for_command(json.dumps(cmd).encode())
 
     def flight_info(
@@ -113,12 +98,13 @@ class HarnessClient:
         as_of: Any = None,
         limit: int | None = None,
         dedupe: bool = False,
+        sources: Sequence[str] | None = None,
     ) -> fl.FlightInfo:
+        """Plan a read; ``sources`` (extension) restricts it to those sources."""
+        fields = {"columns": columns, "filter": filter, "version": version, "as_of": as_of}
+        fields.update({"limit": limit, "dedupe": dedupe, "sources": sources})
         try:
-            return self._flight.get_flight_info(
-                self._descriptor(table, columns, filter, version, as_of, limit, dedupe),
-                self._options(),
-            )
+            return self._flight.get_flight_info(self._descriptor(table, **fields), self._options())
         except (fl.FlightError, pa.ArrowException) as e:
             raise from_flight_error(e) from e
 
@@ -127,7 +113,7 @@ class HarnessClient:
     ) -> pa.Schema:
         try:
             return self._flight.get_schema(
-                self._descriptor(table, columns, None, version, None, None, False), self._options()
+                self._descriptor(table, columns=columns, version=version), self._options()
             ).schema
         except (fl.FlightError, pa.ArrowException) as e:
             raise from_flight_error(e) from e
@@ -161,6 +147,7 @@ class HarnessClient:
         as_of: Any = None,
         limit: int | None = None,
         dedupe: bool = False,
+        sources: Sequence[str] | None = None,
     ) -> pa.Table:
         """The rows of ``table`` at one pinned version, endpoints fetched in parallel."""
         info = self.flight_info(
@@ -171,6 +158,7 @@ class HarnessClient:
             as_of=as_of,
             limit=limit,
             dedupe=dedupe,
+            sources=sources,
         )
         endpoints = list(info.endpoints)
         if len(endpoints) <= 1:

@@ -79,8 +79,12 @@ class ReadRequest:
     as_of: float | None = None
     limit: int | None = None
     dedupe: bool = False
+    #: Read only these sources (extension: pipelines read one source at a pinned version).
+    sources: tuple[str, ...] | None = None
 
-    _KEYS = frozenset({"table", "columns", "filter", "version", "as_of", "limit", "dedupe"})
+    _KEYS = frozenset(
+        {"table", "columns", "filter", "version", "as_of", "limit", "dedupe", "sources"}
+    )
 
     @classmethod
     def from_json(cls, body: bytes | str) -> ReadRequest:
@@ -104,6 +108,11 @@ class ReadRequest:
         dedupe = d.get("dedupe", False)
         if not isinstance(dedupe, bool):
             raise InvalidArgument("'dedupe' must be true or false")
+        srcs = d.get("sources")
+        if srcs is not None and (
+            not isinstance(srcs, list) or not all(isinstance(x, str) and x for x in srcs)
+        ):
+            raise InvalidArgument("'sources' must be a list of source names")
         version, as_of = _opt_int(d, "version"), parse_timestamp(d.get("as_of"), "as_of")
         if version is not None and as_of is not None:
             raise InvalidArgument("give 'version' or 'as_of', not both")
@@ -115,6 +124,7 @@ class ReadRequest:
             as_of=as_of,
             limit=_opt_int(d, "limit"),
             dedupe=dedupe,
+            sources=tuple(srcs) if srcs is not None else None,
         )
 
     @classmethod
@@ -133,4 +143,6 @@ class ReadRequest:
             d["columns"] = list(self.columns)
         if self.dedupe:
             d["dedupe"] = True
+        if self.sources is not None:
+            d["sources"] = list(self.sources)
         return json.dumps(d)

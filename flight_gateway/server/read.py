@@ -129,6 +129,14 @@ class ReadService:
         projection, _, _ = self._resolve(snap, req.columns, req.filter)
         return snap, arrow_schema(snap.schema, projection)
 
+    @staticmethod
+    def _selected(snap: TableSnapshot, req: ReadRequest) -> set[str] | None:
+        if req.sources is None:
+            return None
+        for name in req.sources:
+            snap.source(name)  # NotFound names the unknown source
+        return set(req.sources)
+
     def plan(self, req: ReadRequest) -> PlannedRead:
         snap = self.snapshot(req.table, req.version, req.as_of)
         if req.dedupe:
@@ -137,8 +145,11 @@ class ReadService:
         full = arrow_schema(snap.schema)
         endpoints: list[Endpoint] = []
         sources: list[dict[str, Any]] = []
+        selected = self._selected(snap, req)
         for s in snap.sources:
-            if not can_match(predicate, s.partition, full):
+            if (selected is not None and s.name not in selected) or not can_match(
+                predicate, s.partition, full
+            ):
                 sources.append({"name": s.name, "kind": s.kind, "pruned": True, "tasks": 0})
                 continue
             request = self._scan_request(snap, s.name, specs, predicate, req.limit)
@@ -196,8 +207,11 @@ class ReadService:
         by_key = bool(snap.partition_by) and set(snap.partition_by) <= set(snap.primary_key)
         groups: dict[str, list[str]] = {}
         sources: list[dict[str, Any]] = []
+        selected = self._selected(snap, req)
         for s in snap.sources:
-            if not can_match(predicate, s.partition, full):
+            if (selected is not None and s.name not in selected) or not can_match(
+                predicate, s.partition, full
+            ):
                 sources.append({"name": s.name, "kind": s.kind, "pruned": True, "tasks": 0})
                 continue
             sources.append({"name": s.name, "kind": s.kind, "pruned": False, "tasks": 1})
