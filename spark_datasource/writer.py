@@ -10,6 +10,7 @@ made, so a failed write leaves no commit and no orphan files.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterator
@@ -165,8 +166,6 @@ class HarnessFlightWriter(DataSourceArrowWriter):
                     if "://" in location
                     else (pafs.LocalFileSystem(), location)
                 )
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     fs.delete_file(path)
-                except FileNotFoundError:
-                    pass
         log.warning("harness-flight write %s aborted; its files were removed", self.write_id)
