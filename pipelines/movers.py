@@ -129,6 +129,7 @@ class KafkaToIcebergMover(_Mover):
         while True:
             with self._locked(held) as lock:
                 desc = self.client.describe(self.table)
+                self.pinned_version = int(desc["version"])
                 srcs = _sources(desc)
                 itable = _iceberg_table(srcs[self.cold])
                 orphans = [
@@ -145,6 +146,34 @@ class KafkaToIcebergMover(_Mover):
                     continue
                 return self._move(lock, srcs, itable, orphans)
 
+    def _append(
+        self,
+        itable: Any,
+        srcs: dict[str, dict[str, Any]],
+        low: int,
+        high: int,
+        props: dict[str, str],
+    ) -> int:
+        """Append the hot source's [low, high) to the Iceberg table with ``props`` on the new
+        snapshot; returns the row count. (The Spark pipeline reads and writes with Spark.)"""
+        from planners.base import ColumnSpec
+        from planners.kafka import read_offsets
+
+        schema = itable.schema().as_arrow()
+        harness = {f["name"]: f for f in self.client.describe(self.table)["schema"]}
+        cols = [
+            ColumnSpec(
+                harness[n]["id"], n, harness[n]["type"], tuple(harness[n].get("aliases", ()))
+            )
+            for n in schema.names
+        ]
+        data = read_offsets(
+            resolve_config(srcs[self.hot]["config"]), low, high, cols, source=self.hot
+        )
+        checkpoint("kafka_iceberg.before_append")
+        itable.append(data.cast(schema), snapshot_properties=props)
+        return int(data.num_rows)
+
     def _move(
         self,
         lock: Any,
@@ -152,9 +181,6 @@ class KafkaToIcebergMover(_Mover):
         itable: Any,
         orphans: list[tuple[Any, dict[str, str]]],
     ) -> MoveResult:
-        from planners.base import ColumnSpec
-        from planners.kafka import read_offsets
-
         lows = {n: int(s["state"].get("low", 0)) for n, s in srcs.items() if s["kind"] == "kafka"}
         updates: dict[str, dict[str, Any]] = {}
         adopted = []
@@ -176,31 +202,16 @@ class KafkaToIcebergMover(_Mover):
         tip = itable.current_snapshot().snapshot_id if itable.current_snapshot() else None
         if high > low:
             checkpoint("kafka_iceberg.before_read")
-            schema = itable.schema().as_arrow()
-            harness = {f["name"]: f for f in self.client.describe(self.table)["schema"]}
-            cols = [
-                ColumnSpec(
-                    harness[n]["id"], n, harness[n]["type"], tuple(harness[n].get("aliases", ()))
-                )
-                for n in schema.names
-            ]
-            data = read_offsets(
-                resolve_config(srcs[self.hot]["config"]), low, high, cols, source=self.hot
-            )
-            if data.num_rows and data.num_rows > high - low:
-                raise Conflict(f"read {data.num_rows} rows from [{low}, {high})")
-            checkpoint("kafka_iceberg.before_append")
-            itable.append(
-                data.cast(schema),
-                snapshot_properties={
-                    "harness.table": self.table,
-                    "harness.source": self.hot,
-                    "harness.low": str(low),
-                    "harness.high": str(high),
-                },
-            )
+            props = {
+                "harness.table": self.table,
+                "harness.source": self.hot,
+                "harness.low": str(low),
+                "harness.high": str(high),
+            }
+            rows = self._append(itable, srcs, low, high, props)
+            if rows > high - low:
+                raise Conflict(f"read {rows} rows from [{low}, {high})")
             tip = itable.current_snapshot().snapshot_id
-            rows = data.num_rows
             updates[self.hot] = {"low": high, "high": high}
             checkpoint("kafka_iceberg.after_append")
         if not updates:
