@@ -260,11 +260,55 @@ def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
         log.info(
             "10 new Kafka messages visible in a gateway read after %.2f s", time.monotonic() - t0
         )
+        spark_part(client, "events")
         stop.set()
         worker.join(10)
         # Let the Kafka clients go before the broker stops, so they do not log reconnects.
         del producer, admin
         gc.collect()
+
+
+def spark_part(client: HarnessClient, table: str) -> None:
+    """Spark reads the same table through harness-flight, then runs one flush on Spark."""
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    from pipelines.spark_jobs import SparkKafkaToIcebergFlush
+    from spark_datasource import register
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("harness-demo")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    df = spark.read.format("harness-flight").option("uri", client.uri).option("table", table).load()
+    by_source = client.read(table, columns=["id"]).num_rows
+    log.info(
+        "\nSpark: %d rows via harness-flight (client: %d); %d partitions",
+        df.count(),
+        by_source,
+        df.rdd.getNumPartitions(),
+    )
+    flush = SparkKafkaToIcebergFlush(
+        spark, client.uri, client, table, "kafka-0", "cold", owner="demo-spark-flush"
+    )
+    result = flush.run_once()
+    state = next(s for s in client.describe(table)["sources"] if s["name"] == "kafka-0")["state"]
+    log.info(
+        "Spark flush: %d rows Kafka -> Iceberg in version %s; kafka-0 is now %s; Spark still counts %d",
+        result.rows,
+        result.version,
+        state,
+        df.count(),
+    )
+    spark.stop()
 
 
 if __name__ == "__main__":

@@ -83,7 +83,11 @@ class HarnessFlightDataSource(DataSource):
         return from_arrow_schema(arrow)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return HarnessFlightReader(dict(self.options), schema)
+        options = dict(self.options)
+        if str(options.get("pushdown", "false")).lower() == "true":
+            return PushdownReader(options, schema)
+        # No pushFilters at all: Spark filters exactly, and no session setting is required.
+        return HarnessFlightReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         from spark_datasource.writer import HarnessFlightWriter
@@ -101,17 +105,6 @@ class HarnessFlightReader(DataSourceReader):
         self.options = options
         self.schema = schema
         self.pushed: list[str] = []
-
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        self.pushed = []  # this call describes the current query only
-        if str(self.options.get("pushdown", "false")).lower() != "true":
-            yield from filters  # see the module docstring: Spark filters exactly
-            return
-        for f in filters:
-            try:
-                self.pushed.append(to_filter_sql(f))
-            except Unsupported:
-                yield f
 
     def partitions(self) -> list[InputPartition]:
         args = _read_args(self.options, self.pushed)
@@ -146,6 +139,20 @@ class HarnessFlightReader(DataSourceReader):
             for batch in c.read_endpoint(ep):
                 # Spark wants its exact Arrow schema: string (not large), us UTC timestamps.
                 yield batch.select(target.names).cast(target) if batch.schema != target else batch
+
+
+class PushdownReader(HarnessFlightReader):
+    """``pushdown=true``: Spark filters the harness grammar can express are pushed to the
+    gateway. Needs ``spark.sql.python.filterPushdown.enabled=true``; unsafe on pyspark 4.3.0
+    when a DataFrame or view is queried again with other filters (module docstring)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.pushed = []  # this call describes the current query only
+        for f in filters:
+            try:
+                self.pushed.append(to_filter_sql(f))
+            except Unsupported:
+                yield f
 
 
 def register(spark: Any) -> None:

@@ -29,3 +29,5 @@ def test_demo_runs(tmp_path: Path) -> None:
     assert "time travel to version 1: 1700 rows" in log
     assert "'errors': 'pruned'" in log and "rows: 50" in log
     assert "300 rows (no duplicates: True)" in log and "10 new Kafka messages visible" in log
+    assert "Spark: 310 rows via harness-flight (client: 310)" in log
+    assert "Spark flush: 10 rows Kafka -> Iceberg" in log and "Spark still counts 310" in log
