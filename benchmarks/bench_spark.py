@@ -83,11 +83,11 @@ def run(quick: bool = False) -> list[dict]:
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
 
-        def agg(df) -> None:  # noqa: ANN001
+        def agg(df) -> None:
             r = df.selectExpr("count(*) AS n", "sum(id)", "sum(a)", "sum(b)").first()
             assert r.n == per * files_n
 
-        def best(fn, repeats: int = 3) -> float:  # noqa: ANN001
+        def best(fn, repeats: int = 3) -> float:
             t = float("inf")
             for _ in range(repeats):
                 t0 = time.perf_counter()
