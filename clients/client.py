@@ -99,10 +99,12 @@ class HarnessClient:
         limit: int | None = None,
         dedupe: bool = False,
         sources: Sequence[str] | None = None,
+        since: int | None = None,
     ) -> fl.FlightInfo:
-        """Plan a read; ``sources`` (extension) restricts it to those sources."""
+        """Plan a read; ``sources`` (extension) restricts it to those sources, ``since``
+        (extension) to rows added after that version."""
         fields = {"columns": columns, "filter": filter, "version": version, "as_of": as_of}
-        fields.update({"limit": limit, "dedupe": dedupe, "sources": sources})
+        fields.update({"limit": limit, "dedupe": dedupe, "sources": sources, "since": since})
         try:
             return self._flight.get_flight_info(self._descriptor(table, **fields), self._options())
         except (fl.FlightError, pa.ArrowException) as e:

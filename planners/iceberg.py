@@ -144,3 +144,31 @@ class IcebergPlanner:
             None,
         ).to_record_batches(mine)
         return conform(batches, cols, mapping)
+
+
+def appended_files(config: Mapping[str, Any], since: int | None, until: int | None) -> list[str]:
+    """Data files added by the append snapshots after ``since`` up to ``until`` (for streaming).
+    Snapshots written by movers (``harness.source``) or compaction (``harness.compaction``)
+    relocate rows and add none, so their files are skipped."""
+    if until is None or until == since:
+        return []
+    from pyiceberg.table.snapshots import ancestors_of
+
+    table = load_table(config)
+    end = table.snapshot_by_id(int(until))
+    if end is None:
+        raise NotFound(f"Iceberg snapshot {until} does not exist (expired?)")
+    files: list[str] = []
+    for snap in ancestors_of(end, table.metadata):
+        if snap.snapshot_id == since:
+            break
+        props = snap.summary.additional_properties if snap.summary is not None else {}
+        if "harness.source" in props or "harness.compaction" in props:
+            continue
+        files += [
+            e.data_file.file_path
+            for m in snap.manifests(table.io)
+            for e in m.fetch_manifest_entry(table.io)
+            if e.snapshot_id == snap.snapshot_id
+        ]
+    return files

@@ -81,9 +81,11 @@ class ReadRequest:
     dedupe: bool = False
     #: Read only these sources (extension: pipelines read one source at a pinned version).
     sources: tuple[str, ...] | None = None
+    #: Only rows added after this version (extension: streaming micro-batches).
+    since: int | None = None
 
     _KEYS = frozenset(
-        {"table", "columns", "filter", "version", "as_of", "limit", "dedupe", "sources"}
+        {"table", "columns", "filter", "version", "as_of", "limit", "dedupe", "sources", "since"}
     )
 
     @classmethod
@@ -125,6 +127,7 @@ class ReadRequest:
             limit=_opt_int(d, "limit"),
             dedupe=dedupe,
             sources=tuple(srcs) if srcs is not None else None,
+            since=_opt_int(d, "since"),
         )
 
     @classmethod
@@ -145,4 +148,6 @@ class ReadRequest:
             d["dedupe"] = True
         if self.sources is not None:
             d["sources"] = list(self.sources)
+        if self.since is not None:
+            d["since"] = self.since
         return json.dumps(d)
