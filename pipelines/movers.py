@@ -332,6 +332,30 @@ class PostgresToIcebergMover(_Mover):
         super().__init__(client, table, hot, cold, **kw)
         self.where = where
 
+    def _move_rows(
+        self,
+        conn: Any,
+        sql: str,
+        params: list[Any],
+        itable: Any,
+        keys: list[str],
+        props: dict[str, str],
+        version: int,
+    ) -> pa.Table:
+        """Copy the rows ``sql`` selects into the Iceberg table (one append tagged ``props``);
+        returns the moved rows' keys. (The Spark pipeline copies with Spark instead.)"""
+        schema = itable.schema().as_arrow()
+        with conn.transaction():
+            rows = conn.execute(sql, params).fetchall()
+        data = pa.Table.from_pylist(
+            [dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema
+        )
+        if data.num_rows:
+            checkpoint("postgres_iceberg.before_append")
+            itable.append(data, snapshot_properties={**props, "harness.rows": str(data.num_rows)})
+            checkpoint("postgres_iceberg.after_append")
+        return data.select(keys)
+
     def run_once(self) -> MoveResult:
         import psycopg
 
@@ -378,22 +402,9 @@ class PostgresToIcebergMover(_Mover):
                     if pred is not None:
                         clause, params = to_sql(pred, "%s")
                         sql += f" WHERE {clause}"
-                with conn.transaction():
-                    rows = conn.execute(sql, params).fetchall()
-                data = pa.Table.from_pylist(
-                    [dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema
-                )
+                props = {"harness.table": self.table, "harness.source": self.hot}
+                data = self._move_rows(conn, sql, params, itable, keys, props, int(desc["version"]))
                 if data.num_rows:
-                    checkpoint("postgres_iceberg.before_append")
-                    itable.append(
-                        data,
-                        snapshot_properties={
-                            "harness.table": self.table,
-                            "harness.source": self.hot,
-                            "harness.rows": str(data.num_rows),
-                        },
-                    )
-                    checkpoint("postgres_iceberg.after_append")
                     with conn.transaction(), conn.cursor() as cur:
                         cur.executemany(
                             f"DELETE FROM {target} WHERE ({key_list}) = ({', '.join(['%s'] * len(keys))})",

@@ -8,7 +8,10 @@
 - ``compact``: rewrite a files or Iceberg source as fewer, larger files in one commit; readers
   pinned to older versions keep reading the old files.
 
-Run as ``python -m pipelines.spark_jobs flush|compact --uri ... --table ...`` or with
+- ``SparkPostgresToIcebergMove``: the cold move of a versioned Postgres table to Iceberg, with
+  the data read and written by Spark executors.
+
+Run as ``python -m pipelines.spark_jobs flush|cold-move|compact --uri ... --table ...`` or with
 ``spark-submit``.
 """
 
@@ -21,7 +24,7 @@ from typing import Any
 
 from clients import HarnessClient
 from flight_gateway.catalog.config import resolve_config
-from pipelines.movers import KafkaToIcebergMover, MoveResult, checkpoint
+from pipelines.movers import KafkaToIcebergMover, MoveResult, PostgresToIcebergMover, checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +120,58 @@ class SparkKafkaToIcebergFlush(KafkaToIcebergMover):
         return _rows(files)
 
 
+class SparkPostgresToIcebergMove(PostgresToIcebergMover):
+    """The cold move on Spark: executors read the Postgres source through harness-flight at the
+    pinned version and write Parquet; the driver registers the files (one ``add_files``),
+    deletes the moved keys from Postgres and commits snapshot and ``as_of`` together. Locking,
+    adoption of orphaned appends and the commit are the library mover's."""
+
+    def __init__(
+        self,
+        spark: Any,
+        uri: str,
+        client: HarnessClient,
+        table: str,
+        hot: str,
+        cold: str,
+        *,
+        token: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(client, table, hot, cold, **kw)
+        self.spark, self.uri, self.token = spark, uri, token
+
+    def _move_rows(
+        self,
+        conn: Any,
+        sql: str,
+        params: list[Any],
+        itable: Any,
+        keys: list[str],
+        props: dict[str, str],
+        version: int,
+    ) -> Any:
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        schema = itable.schema().as_arrow()
+        options = {"version": str(version), "sources": self.hot, "columns": ",".join(schema.names)}
+        if self.where:
+            options["filter"] = self.where
+        df = _reader(self.spark, self.uri, self.table, self.token, **options)
+        files = _write_parquet(
+            df, f"{itable.location().rstrip('/')}/data/harness-spark-{uuid.uuid4().hex}"
+        )
+        if not files:
+            return pa.table({k: pa.array([], schema.field(k).type) for k in keys})
+        n = _rows(files)
+        checkpoint("postgres_iceberg.before_append")
+        itable.add_files(files, snapshot_properties={**props, "harness.rows": str(n)})
+        checkpoint("postgres_iceberg.after_append")
+        local = [f.split("://", 1)[1] if f.startswith("file://") else f for f in files]
+        return ds.dataset(local, format="parquet").to_table(columns=keys)
+
+
 def compact(
     spark: Any,
     uri: str,
@@ -178,12 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     from spark_datasource import register
 
     parser = argparse.ArgumentParser(prog="pipelines.spark_jobs")
-    parser.add_argument("job", choices=["flush", "compact"])
+    parser.add_argument("job", choices=["flush", "cold-move", "compact"])
     parser.add_argument("--uri", required=True)
     parser.add_argument("--table", required=True)
     parser.add_argument("--token")
-    parser.add_argument("--hot", help="flush: the Kafka source")
-    parser.add_argument("--cold", help="flush: the Iceberg source")
+    parser.add_argument("--hot", help="flush: the Kafka source; cold-move: the Postgres source")
+    parser.add_argument("--cold", help="flush, cold-move: the Iceberg source")
+    parser.add_argument("--where", help="cold-move: only rows matching this harness filter")
     parser.add_argument("--source", help="compact: the source to rewrite")
     parser.add_argument("--files", type=int, default=1)
     args = parser.parse_args(argv)

@@ -147,3 +147,74 @@ def test_flush_and_compaction_keep_the_union_exact(
     # Compaction rewrote files, not rows: the latest version holds the same ids as just before it.
     after = client.describe("t")["version"]
     assert after > before_compaction
+
+
+def test_spark_postgres_cold_move_while_readers_read(
+    spark, gateway, client: HarnessClient, pg_dsn: str, iceberg: IcebergFixture
+) -> None:
+    import uuid
+
+    import psycopg
+
+    from pipelines.spark_jobs import SparkPostgresToIcebergMove
+    from planners.postgres_versioning import enable_versioning, server_now
+
+    server, _ = gateway
+    uri = f"grpc://127.0.0.1:{server.port}"
+    name = f"hot_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{name}" (id bigint PRIMARY KEY, p int, payload text)')
+        enable_versioning(conn, name)
+        conn.execute(f"INSERT INTO \"{name}\" SELECT g, g % 2, 'x' FROM generate_series(0, 199) g")
+        as_of = server_now(conn)
+    iceberg.create("pgcold_spark", ARROW)
+    client.create_table(
+        "e", [{"name": f.name, "type": str(f.type)} for f in ARROW], primary_key=["id"]
+    )
+    client.commit(
+        "e",
+        add_sources=[
+            {
+                "name": "hot",
+                "kind": "postgres",
+                "config": {"dsn": pg_dsn, "table": name},
+                "state": {"as_of": as_of},
+            },
+            {
+                "name": "cold",
+                "kind": "iceberg",
+                "config": iceberg.source_config("pgcold_spark"),
+                "state": {"snapshot_id": None},
+            },
+        ],
+    )
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    reads = [0]
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                ids = client.read("e", columns=["id"]).column("id").to_pylist()
+                assert sorted(ids) == list(range(200)), "exactly once at every version"
+                reads[0] += 1
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        first = SparkPostgresToIcebergMove(
+            spark, uri, client, "e", "hot", "cold", where="p = 0", owner="spark-cold"
+        ).run_once()
+        second = SparkPostgresToIcebergMove(
+            spark, uri, client, "e", "hot", "cold", owner="spark-cold"
+        ).run_once()
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors, errors
+    assert (first.rows, second.rows) == (100, 100) and reads[0] > 0
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{name}"').fetchone() == (0,)
+    assert iceberg.catalog.load_table("db.pgcold_spark").scan().to_arrow().num_rows == 200
