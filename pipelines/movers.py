@@ -99,6 +99,19 @@ def _added_rows(itable: Any, snap: Any, columns: Sequence[str]) -> pa.Table:
     return ds.dataset(local, format="parquet", filesystem=fs).to_table(columns=list(columns))
 
 
+def _delete_keys(
+    conn: Any, target: str, keys: Sequence[str], values: list[tuple[Any, ...]]
+) -> None:
+    """Delete the rows with these key values from ``target`` (a quoted table) in one transaction."""
+    from planners.predicates import quote_ident
+
+    key_list = ", ".join(quote_ident(k) for k in keys)
+    with conn.transaction(), conn.cursor() as cur:
+        cur.executemany(
+            f"DELETE FROM {target} WHERE ({key_list}) = ({', '.join(['%s'] * len(keys))})", values
+        )
+
+
 class _Mover:
     def __init__(
         self,
@@ -374,7 +387,6 @@ class PostgresToIcebergMover(_Mover):
             pg_config = resolve_config(srcs[self.hot]["config"])
             pg_schema, pg_table, _ = table_names(pg_config)
             target = f"{quote_ident(pg_schema)}.{quote_ident(pg_table)}"
-            key_list = ", ".join(quote_ident(k) for k in keys)
             orphans = [
                 s
                 for s in _snapshots_after(itable, srcs[self.cold]["state"].get("snapshot_id"))
@@ -385,11 +397,9 @@ class PostgresToIcebergMover(_Mover):
                 # Adopt: rows an earlier, killed run already appended must leave Postgres now.
                 for snap in orphans:
                     moved = _added_rows(itable, snap, keys)
-                    with conn.transaction(), conn.cursor() as cur:
-                        cur.executemany(
-                            f"DELETE FROM {target} WHERE ({key_list}) = ({', '.join(['%s'] * len(keys))})",
-                            [tuple(r[k] for k in keys) for r in moved.to_pylist()],
-                        )
+                    _delete_keys(
+                        conn, target, keys, [tuple(r[k] for k in keys) for r in moved.to_pylist()]
+                    )
                 sql = f"SELECT {', '.join(quote_ident(n) for n in schema.names)} FROM {target}"
                 params: list[Any] = []
                 if self.where:
@@ -405,11 +415,9 @@ class PostgresToIcebergMover(_Mover):
                 props = {"harness.table": self.table, "harness.source": self.hot}
                 data = self._move_rows(conn, sql, params, itable, keys, props, int(desc["version"]))
                 if data.num_rows:
-                    with conn.transaction(), conn.cursor() as cur:
-                        cur.executemany(
-                            f"DELETE FROM {target} WHERE ({key_list}) = ({', '.join(['%s'] * len(keys))})",
-                            [tuple(r[k] for k in keys) for r in data.to_pylist()],
-                        )
+                    _delete_keys(
+                        conn, target, keys, [tuple(r[k] for k in keys) for r in data.to_pylist()]
+                    )
                     checkpoint("postgres_iceberg.after_delete")
                 if not data.num_rows and not orphans:
                     return MoveResult(None, 0)
@@ -483,12 +491,12 @@ class PostgresToDuckLakeMover(_Mover):
                         )
                         con.execute("COMMIT")
                         checkpoint("postgres_ducklake.after_lake")
-                        key_list = ", ".join(quote_ident(k) for k in keys)
-                        with conn.transaction(), conn.cursor() as cur:
-                            cur.executemany(
-                                f"DELETE FROM {target} WHERE ({key_list}) = ({', '.join(['%s'] * len(keys))})",
-                                [tuple(r[names.index(k)] for k in keys) for r in rows],
-                            )
+                        _delete_keys(
+                            conn,
+                            target,
+                            keys,
+                            [tuple(r[names.index(k)] for k in keys) for r in rows],
+                        )
                         checkpoint("postgres_ducklake.after_delete")
                     snapshot = int(
                         con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()[0]

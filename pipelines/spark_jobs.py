@@ -71,7 +71,9 @@ def _write_parquet(df: Any, directory: str, files: int | None = None) -> list[st
     return _parquet_files(directory)
 
 
-class SparkKafkaToIcebergFlush(KafkaToIcebergMover):
+class _OnSpark:
+    """What a mover needs to move its data with Spark instead of in the driver."""
+
     def __init__(
         self,
         spark: Any,
@@ -84,9 +86,11 @@ class SparkKafkaToIcebergFlush(KafkaToIcebergMover):
         token: str | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(client, table, hot, cold, **kw)
+        super().__init__(client, table, hot, cold, **kw)  # type: ignore[call-arg]
         self.spark, self.uri, self.token = spark, uri, token
 
+
+class SparkKafkaToIcebergFlush(_OnSpark, KafkaToIcebergMover):
     def _append(
         self,
         itable: Any,
@@ -120,26 +124,11 @@ class SparkKafkaToIcebergFlush(KafkaToIcebergMover):
         return _rows(files)
 
 
-class SparkPostgresToIcebergMove(PostgresToIcebergMover):
+class SparkPostgresToIcebergMove(_OnSpark, PostgresToIcebergMover):
     """The cold move on Spark: executors read the Postgres source through harness-flight at the
     pinned version and write Parquet; the driver registers the files (one ``add_files``),
     deletes the moved keys from Postgres and commits snapshot and ``as_of`` together. Locking,
     adoption of orphaned appends and the commit are the library mover's."""
-
-    def __init__(
-        self,
-        spark: Any,
-        uri: str,
-        client: HarnessClient,
-        table: str,
-        hot: str,
-        cold: str,
-        *,
-        token: str | None = None,
-        **kw: Any,
-    ) -> None:
-        super().__init__(client, table, hot, cold, **kw)
-        self.spark, self.uri, self.token = spark, uri, token
 
     def _move_rows(
         self,
