@@ -13,7 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight_gateway.protocol import from_flight_error
+from flight_gateway.protocol import ReadRequest, from_flight_error
+from flight_gateway.protocol.messages import parse_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +81,30 @@ class HarnessClient:
     # ------------------------------------------------------------------ reads
 
     @staticmethod
-    def _descriptor(table: str, **fields: Any) -> fl.FlightDescriptor:
-        cmd: dict[str, Any] = {"table": table}
-        for key, value in fields.items():
-            if value is None or (key == "dedupe" and not value):
-                continue
-            cmd[key] = list(value) if key in ("columns", "sources") else value
-        return fl.FlightDescriptor.for_command(json.dumps(cmd).encode())
+    def _descriptor(
+        table: str,
+        *,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        version: int | None = None,
+        as_of: Any = None,
+        limit: int | None = None,
+        dedupe: bool = False,
+        sources: Sequence[str] | None = None,
+        since: int | None = None,
+    ) -> fl.FlightDescriptor:
+        request = ReadRequest(
+            table=table,
+            columns=tuple(columns) if columns is not None else None,
+            filter=filter,
+            version=version,
+            as_of=parse_timestamp(as_of, "as_of"),
+            limit=limit,
+            dedupe=dedupe,
+            sources=tuple(sources) if sources is not None else None,
+            since=since,
+        )
+        return fl.FlightDescriptor.for_command(request.to_json().encode())
 
     def flight_info(
         self,

@@ -26,13 +26,6 @@ from clients.client import HarnessClient
 log = logging.getLogger(__name__)
 
 
-def _source_state(client: HarnessClient, table: str, name: str) -> dict[str, Any]:
-    for s in client.describe(table)["sources"]:
-        if s["name"] == name:
-            return dict(s["state"])
-    raise KeyError(f"source {name!r} not in table {table!r}")
-
-
 class KafkaIngester:
     """Consume ``topic`` and advance the harness ``high`` of each partition's source.
 
@@ -104,8 +97,9 @@ class KafkaIngester:
             self.table, names, owner=f"ingester-{self.group_id}", ttl_s=30, wait_s=30
         ) as lock:
             updates, ext = [], {}
+            states = {s["name"]: s["state"] for s in self.client.describe(self.table)["sources"]}
             for p, last in self._seen.items():
-                state = _source_state(self.client, self.table, self.sources[p])
+                state = states[self.sources[p]]
                 high = last + 1
                 if high > int(state.get("high", 0)):
                     updates.append(

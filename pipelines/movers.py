@@ -28,6 +28,7 @@ import pyarrow as pa
 from clients import HarnessClient
 from flight_gateway.catalog.config import resolve_config
 from flight_gateway.errors import Conflict
+from planners.iceberg import snapshot_properties
 
 log = logging.getLogger(__name__)
 
@@ -62,41 +63,28 @@ def _iceberg_table(source: Mapping[str, Any]) -> Any:
 
 def _snapshots_after(itable: Any, pinned: int | None) -> list[Any]:
     """Snapshots on the current lineage newer than ``pinned``, oldest first."""
-    from pyiceberg.table.snapshots import ancestors_of
+    from planners.iceberg import lineage_after
 
-    current = itable.current_snapshot()
-    if current is None:
-        return []
-    out: list[Any] = []
-    for snap in ancestors_of(current, itable.metadata):
-        if snap.snapshot_id == pinned:
-            return list(reversed(out))
-        out.append(snap)
-    if pinned is not None:
+    snaps, found = lineage_after(itable, pinned)
+    if not found:
         raise Conflict(f"pinned Iceberg snapshot {pinned} is not an ancestor of the current one")
-    return list(reversed(out))
-
-
-def _props(snap: Any) -> dict[str, str]:
-    return dict(snap.summary.additional_properties) if snap.summary is not None else {}
+    return snaps
 
 
 def _added_rows(itable: Any, snap: Any, columns: Sequence[str]) -> pa.Table:
-    """The rows a snapshot added (its own data files), for adopting cold moves by key."""
+    """``columns`` of the rows a snapshot added (its own data files), for adopting cold moves."""
     import pyarrow.dataset as ds
-    import pyarrow.fs as pafs
 
-    paths = [
-        e.data_file.file_path
-        for m in snap.manifests(itable.io)
-        for e in m.fetch_manifest_entry(itable.io)
-        if e.snapshot_id == snap.snapshot_id
-    ]
+    from planners.files import filesystem
+    from planners.iceberg import added_data_files
+
+    paths = added_data_files(itable, snap)
     if not paths:
         return pa.table({c: pa.array([], pa.int64()) for c in columns})
-    fs, first = pafs.FileSystem.from_uri(paths[0])
-    local = [first] + [pafs.FileSystem.from_uri(p)[1] for p in paths[1:]]
-    return ds.dataset(local, format="parquet", filesystem=fs).to_table(columns=list(columns))
+    fs, _ = filesystem(paths[0])
+    return ds.dataset([filesystem(p)[1] for p in paths], format="parquet", filesystem=fs).to_table(
+        columns=list(columns)
+    )
 
 
 def _delete_keys(
@@ -143,10 +131,11 @@ class KafkaToIcebergMover(_Mover):
             with self._locked(held) as lock:
                 desc = self.client.describe(self.table)
                 self.pinned_version = int(desc["version"])
+                self.pinned_schema = {f["name"]: f for f in desc["schema"]}
                 srcs = _sources(desc)
                 itable = _iceberg_table(srcs[self.cold])
                 orphans = [
-                    (s, _props(s))
+                    (s, snapshot_properties(s))
                     for s in _snapshots_after(itable, srcs[self.cold]["state"].get("snapshot_id"))
                 ]
                 orphan_sources = {
@@ -173,7 +162,7 @@ class KafkaToIcebergMover(_Mover):
         from planners.kafka import read_offsets
 
         schema = itable.schema().as_arrow()
-        harness = {f["name"]: f for f in self.client.describe(self.table)["schema"]}
+        harness = self.pinned_schema  # described under the lock in run_once
         cols = [
             ColumnSpec(
                 harness[n]["id"], n, harness[n]["type"], tuple(harness[n].get("aliases", ()))
@@ -390,8 +379,8 @@ class PostgresToIcebergMover(_Mover):
             orphans = [
                 s
                 for s in _snapshots_after(itable, srcs[self.cold]["state"].get("snapshot_id"))
-                if _props(s).get("harness.table") == self.table
-                and _props(s).get("harness.source") == self.hot
+                if snapshot_properties(s).get("harness.table") == self.table
+                and snapshot_properties(s).get("harness.source") == self.hot
             ]
             with psycopg.connect(pg_config["dsn"]) as conn:
                 # Adopt: rows an earlier, killed run already appended must leave Postgres now.

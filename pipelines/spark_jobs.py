@@ -25,6 +25,7 @@ from typing import Any
 from clients import HarnessClient
 from flight_gateway.catalog.config import resolve_config
 from pipelines.movers import KafkaToIcebergMover, MoveResult, PostgresToIcebergMover, checkpoint
+from planners.files import filesystem
 
 log = logging.getLogger(__name__)
 
@@ -32,23 +33,18 @@ log = logging.getLogger(__name__)
 def _parquet_files(directory: str) -> list[str]:
     import pyarrow.fs as pafs
 
-    fs, path = (
-        pafs.FileSystem.from_uri(directory)
-        if "://" in directory
-        else (pafs.LocalFileSystem(), directory)
-    )
+    fs, path = filesystem(directory)
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     prefix = directory[: len(directory) - len(path)] if "://" in directory else ""
     return sorted(prefix + i.path for i in infos if i.is_file and i.path.endswith(".parquet"))
 
 
 def _rows(paths: list[str]) -> int:
-    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
     total = 0
     for p in paths:
-        fs, path = pafs.FileSystem.from_uri(p) if "://" in p else (pafs.LocalFileSystem(), p)
+        fs, path = filesystem(p)
         with fs.open_input_file(path) as f:
             total += pq.ParquetFile(f).metadata.num_rows
     return total
@@ -157,8 +153,10 @@ class SparkPostgresToIcebergMove(_OnSpark, PostgresToIcebergMover):
         checkpoint("postgres_iceberg.before_append")
         itable.add_files(files, snapshot_properties={**props, "harness.rows": str(n)})
         checkpoint("postgres_iceberg.after_append")
-        local = [f.split("://", 1)[1] if f.startswith("file://") else f for f in files]
-        return ds.dataset(local, format="parquet").to_table(columns=keys)
+        fs, _ = filesystem(files[0])
+        return ds.dataset(
+            [filesystem(f)[1] for f in files], format="parquet", filesystem=fs
+        ).to_table(columns=keys)
 
 
 def compact(

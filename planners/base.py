@@ -162,6 +162,20 @@ def conform(
     return pa.RecordBatchReader.from_batches(schema, gen())
 
 
+def closing(reader: pa.RecordBatchReader, *resources: Any) -> pa.RecordBatchReader:
+    """Keep ``resources`` (connections, cursors, clients that own the stream) alive until the
+    stream ends, then close them in order."""
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        try:
+            yield from reader
+        finally:
+            for r in resources:
+                r.close()
+
+    return pa.RecordBatchReader.from_batches(reader.schema, gen())
+
+
 def chain_readers(
     schema: pa.Schema, readers: Iterable[pa.RecordBatchReader]
 ) -> pa.RecordBatchReader:

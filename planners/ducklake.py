@@ -8,7 +8,7 @@ identifiers, bound parameters), so DuckDB filters exactly and streams Arrow batc
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +18,7 @@ from planners.base import (
     DEFAULT_BATCH_ROWS,
     ScanRequest,
     ScanTask,
+    closing,
     conform,
     physical_names,
     pushdown,
@@ -101,19 +102,7 @@ class DuckLakePlanner:
         except Exception:
             con.close()
             raise
-        out = conform(_closing(reader, con), cols, mapping)
+        out = conform(closing(reader, con), cols, mapping)
         if request.predicate is not None and pred is None:
             out = apply_residual(out, request.predicate)
         return out
-
-
-def _closing(reader: pa.RecordBatchReader, con: Any) -> pa.RecordBatchReader:
-    """Keep the connection alive while the stream is read; close it at the end."""
-
-    def gen() -> Iterator[pa.RecordBatch]:
-        try:
-            yield from reader
-        finally:
-            con.close()
-
-    return pa.RecordBatchReader.from_batches(reader.schema, gen())

@@ -40,15 +40,16 @@ FORMATS = {
 }
 
 
-def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in root:
-        fs, path = pafs.FileSystem.from_uri(root)
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of a local path or a URI (``file://``, ``s3://``, ...)."""
+    if "://" in location:
+        fs, path = pafs.FileSystem.from_uri(location)
         return fs, path
-    return pafs.LocalFileSystem(), root
+    return pafs.LocalFileSystem(), location
 
 
 def resolve_paths(config: Mapping[str, Any], files: list[str]) -> tuple[pafs.FileSystem, list[str]]:
-    fs, root = _filesystem(str(config.get("root", "")))
+    fs, root = filesystem(str(config.get("root", "")))
     out = []
     for f in files:
         if not isinstance(f, str) or not f:

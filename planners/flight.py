@@ -8,14 +8,14 @@ holds a ``descriptor`` that one is used, so a commit can pin what the upstream s
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway.errors import InvalidArgument, Unavailable
-from planners.base import ScanRequest, ScanTask, conform, physical_names
+from planners.base import ScanRequest, ScanTask, closing, conform, physical_names
 
 
 def _descriptor(src_config: Mapping[str, Any], state: Mapping[str, Any]) -> fl.FlightDescriptor:
@@ -76,11 +76,5 @@ class FlightPlanner:
         except fl.FlightUnavailableError as e:
             raise Unavailable(f"source {src.name!r}: upstream {location} unreachable: {e}") from e
         mapping = physical_names(request.columns, reader.schema.names)
-
-        def batches() -> Iterator[pa.RecordBatch]:
-            with client:  # keep the upstream connection open until the stream ends
-                yield from reader
-
-        return conform(
-            pa.RecordBatchReader.from_batches(reader.schema, batches()), request.columns, mapping
-        )
+        # Keep the upstream connection open until the stream ends.
+        return conform(closing(reader, client), request.columns, mapping)

@@ -146,29 +146,51 @@ class IcebergPlanner:
         return conform(batches, cols, mapping)
 
 
+def lineage_after(
+    table: Any, since: int | None, until: int | None = None
+) -> tuple[list[Any], bool]:
+    """Snapshots after ``since`` on the lineage ending at ``until`` (default: the current
+    snapshot), oldest first, and whether ``since`` was on that lineage (when it is not, every
+    ancestor is returned)."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    end = table.current_snapshot() if until is None else table.snapshot_by_id(int(until))
+    if end is None:
+        if until is not None:
+            raise NotFound(f"Iceberg snapshot {until} does not exist (expired?)")
+        return [], since is None
+    out: list[Any] = []
+    for snap in ancestors_of(end, table.metadata):
+        if snap.snapshot_id == since:
+            return list(reversed(out)), True
+        out.append(snap)
+    return list(reversed(out)), since is None
+
+
+def snapshot_properties(snap: Any) -> dict[str, str]:
+    return dict(snap.summary.additional_properties) if snap.summary is not None else {}
+
+
+def added_data_files(table: Any, snap: Any) -> list[str]:
+    """Paths of the data files ``snap`` itself added."""
+    return [
+        e.data_file.file_path
+        for m in snap.manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io)
+        if e.snapshot_id == snap.snapshot_id
+    ]
+
+
 def appended_files(config: Mapping[str, Any], since: int | None, until: int | None) -> list[str]:
     """Data files added by the append snapshots after ``since`` up to ``until`` (for streaming).
     Snapshots written by movers (``harness.source``) or compaction (``harness.compaction``)
     relocate rows and add none, so their files are skipped."""
     if until is None or until == since:
         return []
-    from pyiceberg.table.snapshots import ancestors_of
-
     table = load_table(config)
-    end = table.snapshot_by_id(int(until))
-    if end is None:
-        raise NotFound(f"Iceberg snapshot {until} does not exist (expired?)")
     files: list[str] = []
-    for snap in ancestors_of(end, table.metadata):
-        if snap.snapshot_id == since:
-            break
-        props = snap.summary.additional_properties if snap.summary is not None else {}
-        if "harness.source" in props or "harness.compaction" in props:
-            continue
-        files += [
-            e.data_file.file_path
-            for m in snap.manifests(table.io)
-            for e in m.fetch_manifest_entry(table.io)
-            if e.snapshot_id == snap.snapshot_id
-        ]
+    for snap in lineage_after(table, since, until)[0]:
+        props = snapshot_properties(snap)
+        if "harness.source" not in props and "harness.compaction" not in props:
+            files += added_data_files(table, snap)
     return files

@@ -12,13 +12,21 @@ without ``as_of`` has no visible rows yet.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 
 from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
-from planners.base import ScanRequest, ScanTask, conform, physical_names, pushdown, target_schema
+from planners.base import (
+    ScanRequest,
+    ScanTask,
+    closing,
+    conform,
+    physical_names,
+    pushdown,
+    target_schema,
+)
 from planners.predicates import quote_ident, to_sql
 from planners.scan import apply_residual
 
@@ -101,20 +109,7 @@ class PostgresPlanner:
             if isinstance(e, (InvalidArgument, NotFound, Unavailable)):
                 raise
             raise Unavailable(f"source {src.name!r}: PostgreSQL read failed: {e}") from e
-        out = conform(_closing(reader, cur, con), cols, mapping)
+        out = conform(closing(reader, cur, con), cols, mapping)
         if request.predicate is not None and pred is None:
             out = apply_residual(out, request.predicate)
         return out
-
-
-def _closing(reader: pa.RecordBatchReader, cur: Any, con: Any) -> pa.RecordBatchReader:
-    """Keep the cursor and connection (which own the ADBC stream) alive until the end."""
-
-    def gen() -> Iterator[pa.RecordBatch]:
-        try:
-            yield from reader
-        finally:
-            cur.close()
-            con.close()
-
-    return pa.RecordBatchReader.from_batches(reader.schema, gen())

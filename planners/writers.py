@@ -9,8 +9,8 @@ commit, and a retry with the same commit id after a lost reply or a crash writes
 - postgres: the rows and the commit id (in ``harness_doput_log``) are written in one
   transaction; a retry finds the id and skips the write;
 - kafka: every message carries ``harness.commit-id`` and ``harness.row`` headers; before
-  producing, the caller records where this commit started (``kafka_intent``), and a retry scans
-  from there and produces only the rows that are missing.
+  producing, the caller records where this commit started (``external_state``), and a retry
+  scans from there and produces only the rows that are missing.
 """
 
 from __future__ import annotations
@@ -64,17 +64,13 @@ def append_files(source: SourceRef, rows: pa.Table, commit_id: str) -> dict[str,
 def append_iceberg(
     source: SourceRef, rows: pa.Table, commit_id: str, aliases: Mapping[str, tuple[str, ...]]
 ) -> dict[str, Any]:
-    from planners.iceberg import load_table
+    from planners.iceberg import lineage_after, load_table, snapshot_properties
 
     table = load_table(source.config)
-    pinned = source.state.get("snapshot_id")
-    current = table.current_snapshot()
-    snap = current
-    while snap is not None and snap.snapshot_id != pinned:
-        props = snap.summary.additional_properties if snap.summary else {}
-        if props.get("harness.commit-id") == commit_id:
-            return {**source.state, "snapshot_id": snap.snapshot_id}  # an earlier try got this far
-        snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
+    # An earlier try of this commit may have appended already: reuse that snapshot.
+    for snap in lineage_after(table, source.state.get("snapshot_id"))[0]:
+        if snapshot_properties(snap).get("harness.commit-id") == commit_id:
+            return {**source.state, "snapshot_id": snap.snapshot_id}
     schema = table.schema().as_arrow()
     data = _physical(rows, schema.names, aliases)
     missing = [f for f in schema if f.name not in data.column_names]

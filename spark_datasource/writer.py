@@ -21,6 +21,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from planners.files import filesystem
 from spark_datasource.source import _client
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,6 @@ class HarnessFlightWriter(DataSourceArrowWriter):
             self.directory = load_table(self.config).location().rstrip("/") + "/data"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        import pyarrow.fs as pafs
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
@@ -69,11 +69,7 @@ class HarnessFlightWriter(DataSourceArrowWriter):
         part = ctx.partitionId() if ctx else 0
         name = f"harness-spark-{self.write_id}-{part:05d}-{uuid.uuid4().hex[:8]}.parquet"
         location = f"{self.directory}/{name}"
-        fs, path = (
-            pafs.FileSystem.from_uri(location)
-            if "://" in location
-            else (pafs.LocalFileSystem(), location)
-        )
+        fs, path = filesystem(location)
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         rows = 0
         try:
@@ -155,17 +151,12 @@ class HarnessFlightWriter(DataSourceArrowWriter):
         return snap.snapshot_id if snap else None
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        import pyarrow.fs as pafs
 
         for m in messages:
             if not isinstance(m, FilesWritten):
                 continue
             for location in m.paths:
-                fs, path = (
-                    pafs.FileSystem.from_uri(location)
-                    if "://" in location
-                    else (pafs.LocalFileSystem(), location)
-                )
+                fs, path = filesystem(location)
                 with contextlib.suppress(FileNotFoundError):
                     fs.delete_file(path)
         log.warning("harness-flight write %s aborted; its files were removed", self.write_id)

@@ -88,3 +88,24 @@ class DuckLakeFixture:
 
 def client_for(server: HarnessFlightServer, token: str | None = None) -> HarnessClient:
     return HarnessClient(f"grpc://127.0.0.1:{server.port}", token=token)
+
+
+def versioned_table(
+    dsn: str, prefix: str, columns: str, fill: str | None = None
+) -> tuple[str, str]:
+    """A new system-versioned Postgres table ``<prefix>_<random>`` with ``columns`` (SQL),
+    optionally filled by ``fill`` (a SELECT for INSERT, ``{t}`` = the quoted table name).
+    Returns (table name, the server clock after it was written, as the first ``as_of``)."""
+    import uuid
+
+    import psycopg
+
+    from planners.postgres_versioning import enable_versioning, server_now
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{name}" ({columns})')
+        enable_versioning(conn, name)
+        if fill:
+            conn.execute(f'INSERT INTO "{name}" {fill}')
+        return name, server_now(conn)

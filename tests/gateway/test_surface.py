@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pyarrow.orc as orc
 import pytest
 
 from clients import HarnessClient
+from flight_gateway.local_kafka import free_port
 
 DATA = pa.table({"id": pa.array(range(20), pa.int64()), "name": [f"n{i}" for i in range(20)]})
 SCHEMA = [{"name": "id", "type": "int64"}, {"name": "name", "type": "string"}]
@@ -87,15 +87,9 @@ def test_schema_list_flights_actions_and_batches(
     assert client.history("t")[0]["version"] == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_cli_serve_and_graceful_shutdown(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [

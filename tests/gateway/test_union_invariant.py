@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +19,8 @@ import pytest
 from clients import HarnessClient
 from planners.base import ColumnSpec
 from planners.kafka import read_offsets
-from planners.postgres_versioning import enable_versioning, server_now
-from tests.gateway.helpers import IcebergFixture
+from planners.postgres_versioning import server_now
+from tests.gateway.helpers import IcebergFixture, versioned_table
 from tests.gateway.kafka_helpers import json_values, new_topic, produce
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -202,11 +201,7 @@ def test_kafka_to_iceberg_exactly_once(
 def test_postgres_to_iceberg_exactly_once(
     client: HarnessClient, pg_dsn: str, iceberg: IcebergFixture
 ) -> None:
-    table = f"hot_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, p int, payload text)')
-        enable_versioning(conn, table)
-        start = server_now(conn)
+    table, start = versioned_table(pg_dsn, "hot", "id bigint PRIMARY KEY, p int, payload text")
     cold = iceberg.create("pgmoved", ARROW)
     client.create_table("events", SCHEMA)
     client.commit(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -14,8 +13,7 @@ import pytest
 
 from clients import HarnessClient
 from pipelines.movers import KafkaToIcebergMover, KafkaToPostgresMover, PostgresToIcebergMover
-from planners.postgres_versioning import enable_versioning, server_now
-from tests.gateway.helpers import IcebergFixture
+from tests.gateway.helpers import IcebergFixture, versioned_table
 from tests.gateway.kafka_helpers import json_values, new_topic, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -120,12 +118,12 @@ def test_kafka_to_iceberg_mover_survives_kills(
 def test_postgres_to_iceberg_mover_survives_kills(
     gateway, client: HarnessClient, pg_dsn: str, iceberg: IcebergFixture, crash_at: str | None
 ) -> None:
-    name = f"hot_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{name}" (id bigint PRIMARY KEY, name text)')
-        enable_versioning(conn, name)
-        conn.execute(f"INSERT INTO \"{name}\" SELECT g, 'n' || g FROM generate_series(0, 19) g")
-        as_of = server_now(conn)
+    name, as_of = versioned_table(
+        pg_dsn,
+        "hot",
+        "id bigint PRIMARY KEY, name text",
+        "SELECT g, 'n' || g FROM generate_series(0, 19) g",
+    )
     iceberg.create("pgcold", ARROW)
     client.create_table("t", SCHEMA, primary_key=["id"])
     client.commit(
@@ -169,11 +167,7 @@ def test_kafka_to_postgres_mover_survives_kills(
     gateway, client: HarnessClient, kafka_bootstrap: str, pg_dsn: str, crash_at: str | None
 ) -> None:
     topic = new_topic(kafka_bootstrap)
-    name = f"up_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{name}" (id bigint PRIMARY KEY, name text)')
-        enable_versioning(conn, name)
-        as_of = server_now(conn)
+    name, as_of = versioned_table(pg_dsn, "up", "id bigint PRIMARY KEY, name text")
     # Updates by key: id 3 appears twice; the later offset wins.
     produce(
         kafka_bootstrap,
@@ -227,12 +221,12 @@ def test_postgres_to_ducklake_mover_survives_kills(
 ) -> None:
     from pipelines.movers import PostgresToDuckLakeMover
 
-    name = f"hot_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{name}" (id bigint PRIMARY KEY, name text)')
-        enable_versioning(conn, name)
-        conn.execute(f"INSERT INTO \"{name}\" SELECT g, 'n' || g FROM generate_series(0, 19) g")
-        as_of = server_now(conn)
+    name, as_of = versioned_table(
+        pg_dsn,
+        "hot",
+        "id bigint PRIMARY KEY, name text",
+        "SELECT g, 'n' || g FROM generate_series(0, 19) g",
+    )
     snap = ducklake.execute("CREATE TABLE lake.cold (id BIGINT, name VARCHAR)")
     client.create_table("t", SCHEMA, primary_key=["id"])
     client.commit(

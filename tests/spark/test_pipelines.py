@@ -10,7 +10,7 @@ import pytest
 
 from clients import HarnessClient
 from pipelines.spark_jobs import SparkKafkaToIcebergFlush, compact
-from tests.gateway.helpers import IcebergFixture, write_parquet
+from tests.gateway.helpers import IcebergFixture, versioned_table, write_parquet
 from tests.gateway.kafka_helpers import json_values, new_topic, produce
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -152,21 +152,19 @@ def test_flush_and_compaction_keep_the_union_exact(
 def test_spark_postgres_cold_move_while_readers_read(
     spark, gateway, client: HarnessClient, pg_dsn: str, iceberg: IcebergFixture
 ) -> None:
-    import uuid
 
     import psycopg
 
     from pipelines.spark_jobs import SparkPostgresToIcebergMove
-    from planners.postgres_versioning import enable_versioning, server_now
 
     server, _ = gateway
     uri = f"grpc://127.0.0.1:{server.port}"
-    name = f"hot_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{name}" (id bigint PRIMARY KEY, p int, payload text)')
-        enable_versioning(conn, name)
-        conn.execute(f"INSERT INTO \"{name}\" SELECT g, g % 2, 'x' FROM generate_series(0, 199) g")
-        as_of = server_now(conn)
+    name, as_of = versioned_table(
+        pg_dsn,
+        "hot",
+        "id bigint PRIMARY KEY, p int, payload text",
+        "SELECT g, g % 2, 'x' FROM generate_series(0, 199) g",
+    )
     iceberg.create("pgcold_spark", ARROW)
     client.create_table(
         "e", [{"name": f.name, "type": str(f.type)} for f in ARROW], primary_key=["id"]
