@@ -5,7 +5,7 @@ registers the files with one pyiceberg ``add_files``, then makes the harness com
 ``source`` names the target; without it the table must have exactly one such source.
 ``mode("overwrite")`` replaces the source's contents in the new version; older versions keep
 their files. A failed task removes its own file and ``abort`` removes every file the write
-made, so a failed write leaves no commit and no orphan files.
+made (its whole directory), so a failed write leaves no commit and no orphan files.
 """
 
 from __future__ import annotations
@@ -55,11 +55,18 @@ class HarnessFlightWriter(DataSourceArrowWriter):
         self.source, self.kind = target["name"], target["kind"]
         self.config = resolve_config(target["config"])
         if self.kind == "files":
-            self.directory = str(self.config.get("root", ""))
+            base = str(self.config.get("root", "")).rstrip("/")
         else:
             from planners.iceberg import load_table
 
-            self.directory = load_table(self.config).location().rstrip("/") + "/data"
+            base = load_table(self.config).location().rstrip("/") + "/data"
+        # One directory per write, created here on the driver. Executors only write into it
+        # and never create it, so abort() can remove everything the write made at once, even
+        # files of tasks Spark did not report and of stragglers still running after the abort.
+        self.subdir = f"spark-{self.write_id}"
+        self.directory = f"{base}/{self.subdir}"
+        fs, path = filesystem(self.directory)
+        fs.create_dir(path, recursive=True)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         import pyarrow.parquet as pq
@@ -67,10 +74,9 @@ class HarnessFlightWriter(DataSourceArrowWriter):
 
         ctx = TaskContext.get()
         part = ctx.partitionId() if ctx else 0
-        name = f"harness-spark-{self.write_id}-{part:05d}-{uuid.uuid4().hex[:8]}.parquet"
+        name = f"part-{part:05d}-{uuid.uuid4().hex[:8]}.parquet"
         location = f"{self.directory}/{name}"
         fs, path = filesystem(location)
-        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         rows = 0
         try:
             writer = None
@@ -90,7 +96,7 @@ class HarnessFlightWriter(DataSourceArrowWriter):
                 fs.delete_file(path)  # a failed task leaves no partial file behind
             finally:
                 raise
-        return FilesWritten([location], [name], rows)
+        return FilesWritten([location], [f"{self.subdir}/{name}"], rows)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, FilesWritten)]
@@ -151,12 +157,9 @@ class HarnessFlightWriter(DataSourceArrowWriter):
         return snap.snapshot_id if snap else None
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-
-        for m in messages:
-            if not isinstance(m, FilesWritten):
-                continue
-            for location in m.paths:
-                fs, path = filesystem(location)
-                with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(path)
-        log.warning("harness-flight write %s aborted; its files were removed", self.write_id)
+        fs, path = filesystem(self.directory)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(path)
+        log.warning(
+            "harness-flight write %s aborted; %s was removed", self.write_id, self.directory
+        )
