@@ -24,10 +24,10 @@ import pyarrow.json as pajson
 
 from benchmarks.services import postgres_database
 from clients import HarnessClient
-from clients.ingest import KafkaIngester
 from flight_gateway.catalog import Catalog
 from flight_gateway.local_kafka import local_broker
 from flight_gateway.server import GatewayConfig, HarnessFlightServer
+from pipelines.ingest import KafkaIngester
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
 
@@ -119,7 +119,7 @@ def _postgres(client: HarnessClient, dsn: str, n: int, repeats: int) -> list[dic
     import adbc_driver_postgresql.dbapi as adbc
     import psycopg
 
-    from planners.postgres_versioning import enable_versioning, server_now
+    from planners.postgres.versioning import enable_versioning, server_now
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, name text, amount float8)")

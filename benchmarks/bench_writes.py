@@ -56,7 +56,7 @@ def _ingest(
     from confluent_kafka.admin import AdminClient, NewTopic
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from planners.postgres_versioning import enable_versioning, server_now
+    from planners.postgres.versioning import enable_versioning, server_now
 
     data = _rows(n)
     mb = data.nbytes / 1e6

@@ -13,7 +13,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight_gateway.protocol import ReadRequest, from_flight_error
+from flight_gateway.protocol import (
+    CommitRecord,
+    ReadRequest,
+    TableInfo,
+    from_flight_error,
+)
+from flight_gateway.protocol.direct import DirectTask, verify_direct
 from flight_gateway.protocol.messages import parse_timestamp
 
 log = logging.getLogger(__name__)
@@ -30,13 +36,22 @@ class HarnessClient:
         max_workers: int = 8,
         tls_root_certs: bytes | None = None,
         timeout_s: float | None = None,
+        tls_cert_chain: bytes | None = None,
+        tls_private_key: bytes | None = None,
     ) -> None:
+        """``tls_root_certs`` verifies the gateway; ``tls_cert_chain``/``tls_private_key`` are
+        this client's certificate when the gateway requires mutual TLS."""
         self.uri = uri
         self._headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-        self._tls_root_certs = tls_root_certs
+        self._tls: dict[str, bytes] = {}
+        if tls_root_certs:
+            self._tls["tls_root_certs"] = tls_root_certs
+        if tls_cert_chain and tls_private_key:
+            self._tls.update(cert_chain=tls_cert_chain, private_key=tls_private_key)
         self._timeout = timeout_s
         self._max_workers = max_workers
         self._clients: dict[str, fl.FlightClient] = {}
+        self._public_key: str | None = None
         self._lock = threading.Lock()
         self._flight = self._client(uri)
 
@@ -46,8 +61,7 @@ class HarnessClient:
         with self._lock:
             c = self._clients.get(uri)
             if c is None:
-                kwargs = {"tls_root_certs": self._tls_root_certs} if self._tls_root_certs else {}
-                c = fl.FlightClient(uri, **kwargs)
+                c = fl.FlightClient(uri, **self._tls)
                 self._clients[uri] = c
             return c
 
@@ -92,6 +106,7 @@ class HarnessClient:
         dedupe: bool = False,
         sources: Sequence[str] | None = None,
         since: int | None = None,
+        direct: bool = False,
     ) -> fl.FlightDescriptor:
         request = ReadRequest(
             table=table,
@@ -103,6 +118,7 @@ class HarnessClient:
             dedupe=dedupe,
             sources=tuple(sources) if sources is not None else None,
             since=since,
+            direct=direct,
         )
         return fl.FlightDescriptor.for_command(request.to_json().encode())
 
@@ -118,11 +134,14 @@ class HarnessClient:
         dedupe: bool = False,
         sources: Sequence[str] | None = None,
         since: int | None = None,
+        direct: bool = False,
     ) -> fl.FlightInfo:
         """Plan a read; ``sources`` (extension) restricts it to those sources, ``since``
-        (extension) to rows added after that version."""
+        (extension) to rows added after that version, ``direct`` (extension) asks for direct
+        tasks where sources allow them."""
         fields = {"columns": columns, "filter": filter, "version": version, "as_of": as_of}
         fields.update({"limit": limit, "dedupe": dedupe, "sources": sources, "since": since})
+        fields["direct"] = direct
         try:
             return self._flight.get_flight_info(self._descriptor(table, **fields), self._options())
         except (fl.FlightError, pa.ArrowException) as e:
@@ -151,6 +170,28 @@ class HarnessClient:
         except (fl.FlightError, pa.ArrowException) as e:
             raise from_flight_error(e) from e
 
+    @property
+    def public_key(self) -> str:
+        """The gateway's key for verifying direct tasks (fetched once)."""
+        if self._public_key is None:
+            self._public_key = str(self.action("harness.public_key")["public_key"])
+        return self._public_key
+
+    def direct_task(self, ep: fl.FlightEndpoint) -> DirectTask | None:
+        """The endpoint's direct task, verified (signature, expiry), or None when it has none."""
+        if not ep.app_metadata:
+            return None
+        token = json.loads(ep.app_metadata).get("direct")
+        return verify_direct(token, self.public_key) if token else None
+
+    def _read_endpoint_all(self, ep: fl.FlightEndpoint) -> pa.Table:
+        task = self.direct_task(ep)
+        if task is not None:
+            from clients.direct import run
+
+            return run(task)
+        return self._read_all(ep)
+
     def _read_all(self, ep: fl.FlightEndpoint) -> pa.Table:
         try:
             return self._endpoint_client(ep).do_get(ep.ticket, self._options()).read_all()
@@ -168,8 +209,11 @@ class HarnessClient:
         limit: int | None = None,
         dedupe: bool = False,
         sources: Sequence[str] | None = None,
+        direct: bool = False,
     ) -> pa.Table:
-        """The rows of ``table`` at one pinned version, endpoints fetched in parallel."""
+        """The rows of ``table`` at one pinned version, endpoints fetched in parallel. With
+        ``direct``, files of sources that allow it are read here (C++ readers) instead of
+        through the gateway; the rows are the same."""
         info = self.flight_info(
             table,
             columns=columns,
@@ -179,13 +223,14 @@ class HarnessClient:
             limit=limit,
             dedupe=dedupe,
             sources=sources,
+            direct=direct,
         )
         endpoints = list(info.endpoints)
         if len(endpoints) <= 1:
-            parts = [self._read_all(ep) for ep in endpoints]
+            parts = [self._read_endpoint_all(ep) for ep in endpoints]
         else:
             with ThreadPoolExecutor(min(self._max_workers, len(endpoints))) as pool:
-                parts = list(pool.map(self._read_all, endpoints))
+                parts = list(pool.map(self._read_endpoint_all, endpoints))
         result = pa.concat_tables(parts) if parts else info.schema.empty_table()
         if limit is not None and result.num_rows > limit:
             result = result.slice(0, limit)
@@ -275,11 +320,15 @@ class HarnessClient:
     def drop_table(self, table: str) -> None:
         self.action("harness.drop_table", {"table": table})
 
-    def describe(self, table: str, version: int | None = None, as_of: Any = None) -> dict[str, Any]:
-        return self.action("harness.describe", {"table": table, "version": version, "as_of": as_of})
+    def describe(self, table: str, version: int | None = None, as_of: Any = None) -> TableInfo:
+        """The table at a version: schema, sources with their states, properties, ..."""
+        body = {"table": table, "version": version, "as_of": as_of}
+        return TableInfo.from_json(self.action("harness.describe", body))
 
-    def history(self, table: str, limit: int | None = None) -> list[dict[str, Any]]:
-        return list(self.action("harness.history", {"table": table, "limit": limit})["versions"])
+    def history(self, table: str, limit: int | None = None) -> list[CommitRecord]:
+        """Commits, newest first."""
+        versions = self.action("harness.history", {"table": table, "limit": limit})["versions"]
+        return [CommitRecord.from_json(v) for v in versions]
 
     def commit(
         self,
@@ -356,6 +405,40 @@ class HarnessClient:
 
     def unlock(self, lock_id: str) -> None:
         self.action("harness.unlock", {"lock_id": lock_id})
+
+    # ------------------------------------------------------------------ engine writes
+
+    def begin_write(self, table: str, source: str | None = None) -> dict[str, Any]:
+        """Start an engine write: ``{"write_id", "source", "mode": "stage", "location"}`` (write
+        Parquet files under ``location``, then ``commit_write``) or ``mode: "upload"`` (send the
+        rows with ``put``)."""
+        return self.action("harness.begin_write", {"table": table, "source": source})
+
+    def commit_write(
+        self,
+        table: str,
+        write_id: str,
+        files: Sequence[str],
+        *,
+        source: str | None = None,
+        overwrite: bool = False,
+        relocation: bool = False,
+        rows: int | None = None,
+        lock: HeldLock | None = None,
+    ) -> int:
+        """Publish the files of a ``stage``-mode write in one commit (``relocation``: a
+        compaction that rewrites rows and adds none; ``lock``: commit under a lock the caller
+        holds on the source)."""
+        body: dict[str, Any] = {"table": table, "write_id": write_id, "source": source}
+        body.update({"paths": list(files), "overwrite": overwrite, "relocation": relocation})
+        body["rows"] = rows
+        if lock is not None:
+            body["lock_id"], body["fencing_token"] = lock.lock_id, lock.fencing_token
+        return int(self.action("harness.commit_write", body)["version"])
+
+    def abort_write(self, table: str, write_id: str, source: str | None = None) -> None:
+        """Remove the files of an unfinished ``stage``-mode write."""
+        self.action("harness.abort_write", {"table": table, "write_id": write_id, "source": source})
 
 
 class HeldLock:

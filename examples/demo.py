@@ -45,8 +45,14 @@ def main() -> None:
     (root / "warehouse").mkdir()
 
     catalog = Catalog(f"sqlite:///{root / 'harness.db'}")
+    # Anonymous local development, but sources may reach only the demo's own data directory and
+    # services on this machine (docs/security.md).
     config = GatewayConfig(
-        catalog=catalog.url, port=0, allow_anonymous=True, ticket_key="demo-only-ticket-key"
+        catalog=catalog.url,
+        port=0,
+        allow_anonymous=True,
+        ticket_key="demo-only-ticket-key",
+        reach={"paths": [str(root)], "hosts": ["127.0.0.1"]},
     )
     server = HarnessFlightServer(catalog, config)
     threading.Thread(target=server.serve, daemon=True).start()
@@ -158,10 +164,10 @@ def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from clients.ingest import KafkaIngester
     from flight_gateway.local_kafka import local_broker
-    from planners.base import ColumnSpec
+    from pipelines.ingest import KafkaIngester
     from planners.kafka import read_offsets
+    from planners.kind import ColumnSpec
 
     with local_broker() as bootstrap:
         admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -226,9 +232,7 @@ def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
         with client.lock(
             "events", ["kafka-0", "cold"], owner="demo-mover", ttl_s=30, wait_s=10
         ) as lock:
-            state = next(s for s in client.describe("events")["sources"] if s["name"] == "kafka-0")[
-                "state"
-            ]
+            state = client.describe("events").source("kafka-0").state
             cols = [ColumnSpec(i + 1, f.name, str(f.type)) for i, f in enumerate(SCHEMA)]
             rows = read_offsets(kafka_cfg, state["low"], state["high"], cols)
             cold.append(rows.cast(SCHEMA))
@@ -300,7 +304,7 @@ def spark_part(client: HarnessClient, table: str) -> None:
         spark, client.uri, client, table, "kafka-0", "cold", owner="demo-spark-flush"
     )
     result = flush.run_once()
-    state = next(s for s in client.describe(table)["sources"] if s["name"] == "kafka-0")["state"]
+    state = client.describe(table).source("kafka-0").state
     log.info(
         "Spark flush: %d rows Kafka -> Iceberg in version %s; kafka-0 is now %s; Spark still counts %d",
         result.rows,

@@ -58,32 +58,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int)
     p.add_argument("--config", help="JSON or TOML settings file (tokens, ticket_key, tls, ...)")
     p.add_argument("--allow-anonymous", action="store_true", help="accept calls without a token")
-    pg = sub.add_parser("postgres", help="PostgreSQL source helpers")
-    pg_sub = pg.add_subparsers(dest="pg_command", required=True)
-    ev = pg_sub.add_parser(
-        "enable-versioning", help="add sys_period, a history table and a trigger"
-    )
-    ev.add_argument("dsn")
-    ev.add_argument("table")
-    ev.add_argument("--schema", default="public")
+    p.set_defaults(func=serve)
+    _kind_commands(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.command == "serve":
-        return serve(args)
-    if args.command == "postgres" and args.pg_command == "enable-versioning":
-        import psycopg
+    return int(args.func(args))
 
-        from planners.postgres_versioning import enable_versioning
 
-        with psycopg.connect(args.dsn) as conn:
-            enable_versioning(conn, args.table, schema=args.schema)
-        log.info(
-            "%s.%s is system-versioned (history: %s_history)", args.schema, args.table, args.table
-        )
-        return 0
-    return 2
+def _kind_commands(sub: argparse._SubParsersAction) -> None:
+    """Sub-commands contributed by source kinds (e.g. ``postgres enable-versioning``)."""
+    from planners import registry
+    from planners.kind import HasCommands
+
+    for name in registry.available():
+        try:
+            kind = registry.get_kind(name)
+        except Exception as e:  # a broken plugin must not break the CLI
+            log.debug("source kind %s not loaded for the CLI: %s", name, e)
+            continue
+        if isinstance(kind, HasCommands):
+            kind.add_commands(sub)
 
 
 if __name__ == "__main__":

@@ -59,3 +59,9 @@ class Unavailable(HarnessError):
     """A source or service the request needs cannot be reached."""
 
     status = "UNAVAILABLE"
+
+
+class ResourceExhausted(HarnessError):
+    """A per-caller limit was reached (concurrent streams); retry later."""
+
+    status = "RESOURCE_EXHAUSTED"

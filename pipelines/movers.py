@@ -6,10 +6,13 @@ and idempotent. A mover killed at any step and started again neither duplicates 
 - Until the harness commit, readers are pinned to the old states, so nothing done so far is
   visible (an Iceberg append is an unreferenced snapshot, a Postgres write is newer than the
   pinned ``as_of``).
-- Every Iceberg append made by a mover carries snapshot properties (``harness.table``,
-  ``harness.source``, ``harness.low``/``harness.high`` or the moved keys). Before moving, a
-  mover *adopts* such orphaned appends, the snapshots after the pinned one, by committing them
-  with the source states they imply, instead of appending the same rows again.
+- Every Iceberg append made by a mover carries snapshot properties
+  (``flight_gateway.protocol.operations.mover_properties``: the harness table, the hot source,
+  the moved range). Before moving, a mover *adopts* such orphaned appends, the snapshots after
+  the pinned one, by committing them with the source states they imply, instead of appending
+  the same rows again.
+- Mover commits are relocations (``operations.relocation_summary``): streaming readers saw the
+  rows when they were first written and do not see them again.
 - Harness commits use deterministic commit ids, so repeating one applies nothing twice.
 
 ``HARNESS_FAULT_INJECT=<step>`` makes the process exit abruptly at that step (kill tests).
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,8 @@ import pyarrow as pa
 from clients import HarnessClient
 from flight_gateway.catalog.config import resolve_config
 from flight_gateway.errors import Conflict
+from flight_gateway.protocol import SourceInfo, TableInfo
+from flight_gateway.protocol import operations as ops
 from planners.iceberg import snapshot_properties
 
 log = logging.getLogger(__name__)
@@ -51,14 +56,17 @@ class MoveResult:
     adopted: list[int] = field(default_factory=list)  # orphaned Iceberg snapshots committed
 
 
-def _sources(desc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    return {s["name"]: s for s in desc["sources"]}
-
-
-def _iceberg_table(source: Mapping[str, Any]) -> Any:
+def _iceberg_table(source: SourceInfo) -> Any:
     from planners.iceberg import load_table
 
-    return load_table(resolve_config(source["config"]))
+    return load_table(resolve_config(source.config))
+
+
+def _columns(desc: TableInfo, names: Sequence[str]) -> list[Any]:
+    """Harness column specs (current name, former names) of ``names``."""
+    from planners.kind import ColumnSpec
+
+    return [ColumnSpec(f.id, f.name, f.type, f.aliases) for f in (desc.field(n) for n in names)]
 
 
 def _snapshots_after(itable: Any, pinned: int | None) -> list[Any]:
@@ -75,7 +83,7 @@ def _added_rows(itable: Any, snap: Any, columns: Sequence[str]) -> pa.Table:
     """``columns`` of the rows a snapshot added (its own data files), for adopting cold moves."""
     import pyarrow.dataset as ds
 
-    from planners.files import filesystem
+    from planners.common import filesystem
     from planners.iceberg import added_data_files
 
     paths = added_data_files(itable, snap)
@@ -130,87 +138,75 @@ class KafkaToIcebergMover(_Mover):
         while True:
             with self._locked(held) as lock:
                 desc = self.client.describe(self.table)
-                self.pinned_version = int(desc["version"])
-                self.pinned_schema = {f["name"]: f for f in desc["schema"]}
-                srcs = _sources(desc)
-                itable = _iceberg_table(srcs[self.cold])
+                self.pinned = desc  # what the data step reads (described under the lock)
+                itable = _iceberg_table(desc.source(self.cold))
                 orphans = [
                     (s, snapshot_properties(s))
-                    for s in _snapshots_after(itable, srcs[self.cold]["state"].get("snapshot_id"))
+                    for s in _snapshots_after(
+                        itable, desc.source(self.cold).state.get("snapshot_id")
+                    )
                 ]
                 orphan_sources = {
-                    p["harness.source"]
+                    hot
                     for _, p in orphans
-                    if p.get("harness.table") == self.table and "harness.source" in p
+                    if p.get(ops.SNAP_TABLE) == self.table and (hot := ops.moved_from(p))
                 }
                 if not orphan_sources <= held:
                     held |= orphan_sources  # lock every source whose orphan we must adopt
                     continue
-                return self._move(lock, srcs, itable, orphans)
+                return self._move(lock, desc, itable, orphans)
 
     def _append(
-        self,
-        itable: Any,
-        srcs: dict[str, dict[str, Any]],
-        low: int,
-        high: int,
-        props: dict[str, str],
+        self, itable: Any, desc: TableInfo, low: int, high: int, props: dict[str, str]
     ) -> int:
         """Append the hot source's [low, high) to the Iceberg table with ``props`` on the new
         snapshot; returns the row count. (The Spark pipeline reads and writes with Spark.)"""
-        from planners.base import ColumnSpec
         from planners.kafka import read_offsets
 
         schema = itable.schema().as_arrow()
-        harness = self.pinned_schema  # described under the lock in run_once
-        cols = [
-            ColumnSpec(
-                harness[n]["id"], n, harness[n]["type"], tuple(harness[n].get("aliases", ()))
-            )
-            for n in schema.names
-        ]
-        data = read_offsets(
-            resolve_config(srcs[self.hot]["config"]), low, high, cols, source=self.hot
-        )
+        hot = resolve_config(desc.source(self.hot).config)
+        data = read_offsets(hot, low, high, _columns(desc, schema.names), source=self.hot)
         checkpoint("kafka_iceberg.before_append")
         itable.append(data.cast(schema), snapshot_properties=props)
         return int(data.num_rows)
 
-    def _move(
-        self,
-        lock: Any,
-        srcs: dict[str, dict[str, Any]],
-        itable: Any,
-        orphans: list[tuple[Any, dict[str, str]]],
-    ) -> MoveResult:
-        lows = {n: int(s["state"].get("low", 0)) for n, s in srcs.items() if s["kind"] == "kafka"}
+    def _adopt(
+        self, desc: TableInfo, orphans: list[tuple[Any, dict[str, str]]]
+    ) -> tuple[dict[str, dict[str, Any]], list[int]]:
+        """New states of the hot sources whose orphaned appends are adopted."""
         updates: dict[str, dict[str, Any]] = {}
         adopted = []
         for snap, p in orphans:
-            if p.get("harness.table") != self.table or "harness.source" not in p:
+            name = ops.moved_from(p)
+            if p.get(ops.SNAP_TABLE) != self.table or name is None:
                 continue
-            name, lo, hi = p["harness.source"], int(p["harness.low"]), int(p["harness.high"])
-            if lows.get(name) != lo:
+            lo, hi = int(p[ops.SNAP_LOW]), int(p[ops.SNAP_HIGH])
+            state = updates.get(name) or desc.source(name).state
+            if int(state.get("low", 0)) != lo:
                 raise Conflict(
-                    f"orphaned Iceberg snapshot {snap.snapshot_id} of {name} [{lo}, {hi}) does not continue its state (low {lows.get(name)}); repair by hand"
+                    f"orphaned Iceberg snapshot {snap.snapshot_id} of {name} [{lo}, {hi}) does "
+                    f"not continue its state (low {state.get('low')}); repair by hand"
                 )
-            lows[name] = hi
-            state = srcs[name]["state"]
             updates[name] = {"low": hi, "high": max(int(state.get("high", 0)), hi)}
             adopted.append(snap.snapshot_id)
-        low = lows[self.hot]
-        high = int(srcs[self.hot]["state"].get("high", 0))
+        return updates, adopted
+
+    def _move(
+        self,
+        lock: Any,
+        desc: TableInfo,
+        itable: Any,
+        orphans: list[tuple[Any, dict[str, str]]],
+    ) -> MoveResult:
+        updates, adopted = self._adopt(desc, orphans)
+        hot_state = updates.get(self.hot) or desc.source(self.hot).state
+        low, high = int(hot_state.get("low", 0)), int(desc.source(self.hot).state.get("high", 0))
         rows = 0
         tip = itable.current_snapshot().snapshot_id if itable.current_snapshot() else None
         if high > low:
             checkpoint("kafka_iceberg.before_read")
-            props = {
-                "harness.table": self.table,
-                "harness.source": self.hot,
-                "harness.low": str(low),
-                "harness.high": str(high),
-            }
-            rows = self._append(itable, srcs, low, high, props)
+            props = ops.mover_properties(self.table, self.hot, low=str(low), high=str(high))
+            rows = self._append(itable, desc, low, high, props)
             if rows > high - low:
                 raise Conflict(f"read {rows} rows from [{low}, {high})")
             tip = itable.current_snapshot().snapshot_id
@@ -224,7 +220,7 @@ class KafkaToIcebergMover(_Mover):
             lock=lock,
             updates=[{"source": self.cold, "state": {"snapshot_id": tip}}]
             + [{"source": n, "state": s} for n, s in updates.items()],
-            summary={"operation": "kafka-to-iceberg", "rows": rows, "adopted": adopted},
+            summary=ops.relocation_summary("kafka-to-iceberg", rows=rows, adopted=adopted),
         )
         checkpoint("kafka_iceberg.after_commit")
         log.info(
@@ -238,68 +234,68 @@ class KafkaToIcebergMover(_Mover):
         return MoveResult(version, rows, adopted)
 
 
+def _upsert_sql(target: str, names: Sequence[str], keys: Sequence[str]) -> str:
+    from planners.predicates import quote_ident
+
+    sets = ", ".join(
+        f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in names if c not in keys
+    )
+    return (
+        f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in names)}) "
+        f"VALUES ({', '.join(['%s'] * len(names))}) "
+        f"ON CONFLICT ({', '.join(quote_ident(k) for k in keys)}) "
+        + (f"DO UPDATE SET {sets}" if sets else "DO NOTHING")
+    )
+
+
 class KafkaToPostgresMover(_Mover):
     """Upsert a Kafka source's ``[low, high)`` into a versioned Postgres table by the table's
     primary key; commit ``low = high`` and the new ``as_of`` together (the medium example).
     Upserts are idempotent, so a killed run is simply repeated."""
 
+    def _rows(self, desc: TableInfo, low: int, high: int) -> tuple[list[str], pa.Table]:
+        """The stored columns and the rows of ``[low, high)``, tombstones stamped."""
+        from planners.kafka import read_offsets
+
+        names = [n for n in desc.column_names if n not in _METADATA]
+        hot = resolve_config(desc.source(self.hot).config)
+        data = read_offsets(hot, low, high, _columns(desc, names), source=self.hot)
+        order_by = desc.properties.get("dedupe.order_by")
+        if order_by in data.column_names:
+            # Stamp tombstones with an ordering value while Kafka's order is still known:
+            # in Postgres and Iceberg row order means nothing.
+            from planners.dedupe import fill_order
+
+            idx = data.column_names.index(order_by)
+            data = data.set_column(idx, data.field(idx), fill_order(data.column(idx)))
+        return names, data
+
     def run_once(self) -> MoveResult:
         import psycopg
 
-        from planners.base import ColumnSpec
-        from planners.kafka import read_offsets
-        from planners.postgres import table_names
-        from planners.postgres_versioning import server_now
-        from planners.predicates import quote_ident
+        from planners.postgres import PostgresConfig
+        from planners.postgres.versioning import server_now
 
         with self._locked([self.hot, self.cold]) as lock:
             desc = self.client.describe(self.table)
-            srcs = _sources(desc)
-            low, high = (
-                int(srcs[self.hot]["state"].get("low", 0)),
-                int(srcs[self.hot]["state"].get("high", 0)),
-            )
+            state = desc.source(self.hot).state
+            low, high = int(state.get("low", 0)), int(state.get("high", 0))
             if high <= low:
                 return MoveResult(None, 0)
-            keys = list(desc["primary_key"])
+            keys = list(desc.primary_key)
             if not keys:
                 raise Conflict(f"table {self.table!r} has no primary_key to upsert by")
-            cols = [
-                ColumnSpec(f["id"], f["name"], f["type"], tuple(f.get("aliases", ())))
-                for f in desc["schema"]
-                if f["name"] not in _METADATA
-            ]
-            data = read_offsets(
-                resolve_config(srcs[self.hot]["config"]), low, high, cols, source=self.hot
-            )
-            order_by = desc["properties"].get("dedupe.order_by")
-            if order_by in data.column_names:
-                # Stamp tombstones with an ordering value while Kafka's order is still known:
-                # in Postgres and Iceberg row order means nothing.
-                from planners.dedupe import fill_order
-
-                idx = data.column_names.index(order_by)
-                data = data.set_column(idx, data.field(idx), fill_order(data.column(idx)))
-            pg_config = resolve_config(srcs[self.cold]["config"])
-            schema, table, _ = table_names(pg_config)
-            names = [c.name for c in cols]
+            names, data = self._rows(desc, low, high)
+            pg = PostgresConfig.parse(resolve_config(desc.source(self.cold).config), where="cold")
             # Later offsets win within the batch: keep the last row per key.
-            latest: dict[tuple[Any, ...], dict[str, Any]] = {}
-            for row in data.to_pylist():
-                latest[tuple(row[k] for k in keys)] = row
-            target = f"{quote_ident(schema)}.{quote_ident(table)}"
-            sets = ", ".join(
-                f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in names if c not in keys
-            )
-            sql = (
-                f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in names)}) VALUES ({', '.join(['%s'] * len(names))}) "
-                f"ON CONFLICT ({', '.join(quote_ident(k) for k in keys)}) "
-                + (f"DO UPDATE SET {sets}" if sets else "DO NOTHING")
-            )
-            with psycopg.connect(pg_config["dsn"]) as conn:
+            latest = {tuple(r[k] for k in keys): r for r in data.to_pylist()}
+            with psycopg.connect(pg.dsn) as conn:
                 checkpoint("kafka_postgres.before_upsert")
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.executemany(sql, [tuple(r[c] for c in names) for r in latest.values()])
+                    cur.executemany(
+                        _upsert_sql(pg.qualified(), names, keys),
+                        [tuple(r[c] for c in names) for r in latest.values()],
+                    )
                 checkpoint("kafka_postgres.after_upsert")
                 as_of = server_now(conn)
             version = self.client.commit(
@@ -310,7 +306,7 @@ class KafkaToPostgresMover(_Mover):
                     {"source": self.hot, "state": {"low": high, "high": high}},
                     {"source": self.cold, "state": {"as_of": as_of}},
                 ],
-                summary={"operation": "kafka-to-postgres", "rows": data.num_rows},
+                summary=ops.relocation_summary("kafka-to-postgres", rows=data.num_rows),
             )
             checkpoint("kafka_postgres.after_commit")
             return MoveResult(version, data.num_rows)
@@ -354,64 +350,61 @@ class PostgresToIcebergMover(_Mover):
         )
         if data.num_rows:
             checkpoint("postgres_iceberg.before_append")
-            itable.append(data, snapshot_properties={**props, "harness.rows": str(data.num_rows)})
+            props = {**props, ops.SNAP_ROWS: str(data.num_rows)}
+            itable.append(data, snapshot_properties=props)
             checkpoint("postgres_iceberg.after_append")
         return data.select(keys)
+
+    def _select(self, desc: TableInfo, names: Sequence[str], target: str) -> tuple[str, list[Any]]:
+        """The rows to move: all of them, or those matching ``where``."""
+        from flight_gateway.arrow_types import parse_type
+        from planners.predicates import parse_filter, quote_ident, to_sql
+
+        sql = f"SELECT {', '.join(quote_ident(n) for n in names)} FROM {target}"
+        if not self.where:
+            return sql, []
+        arrow = pa.schema([pa.field(f.name, parse_type(f.type)) for f in desc.schema])
+        pred = parse_filter(self.where, arrow)
+        if pred is None:
+            return sql, []
+        clause, params = to_sql(pred, "%s")
+        return f"{sql} WHERE {clause}", params
 
     def run_once(self) -> MoveResult:
         import psycopg
 
-        from planners.postgres import table_names
-        from planners.postgres_versioning import server_now
-        from planners.predicates import parse_filter, quote_ident, to_sql
+        from planners.postgres import PostgresConfig
+        from planners.postgres.versioning import server_now
 
         with self._locked([self.hot, self.cold]) as lock:
             desc = self.client.describe(self.table)
-            srcs = _sources(desc)
-            keys = list(desc["primary_key"])
+            keys = list(desc.primary_key)
             if not keys:
                 raise Conflict(f"table {self.table!r} has no primary_key to move by")
-            itable = _iceberg_table(srcs[self.cold])
-            schema = itable.schema().as_arrow()
-            pg_config = resolve_config(srcs[self.hot]["config"])
-            pg_schema, pg_table, _ = table_names(pg_config)
-            target = f"{quote_ident(pg_schema)}.{quote_ident(pg_table)}"
+            itable = _iceberg_table(desc.source(self.cold))
+            pg = PostgresConfig.parse(resolve_config(desc.source(self.hot).config), where="hot")
             orphans = [
                 s
-                for s in _snapshots_after(itable, srcs[self.cold]["state"].get("snapshot_id"))
-                if snapshot_properties(s).get("harness.table") == self.table
-                and snapshot_properties(s).get("harness.source") == self.hot
+                for s in _snapshots_after(itable, desc.source(self.cold).state.get("snapshot_id"))
+                if snapshot_properties(s).get(ops.SNAP_TABLE) == self.table
+                and ops.moved_from(snapshot_properties(s)) == self.hot
             ]
-            with psycopg.connect(pg_config["dsn"]) as conn:
+            with psycopg.connect(pg.dsn) as conn:
                 # Adopt: rows an earlier, killed run already appended must leave Postgres now.
                 for snap in orphans:
                     moved = _added_rows(itable, snap, keys)
-                    _delete_keys(
-                        conn, target, keys, [tuple(r[k] for k in keys) for r in moved.to_pylist()]
-                    )
-                sql = f"SELECT {', '.join(quote_ident(n) for n in schema.names)} FROM {target}"
-                params: list[Any] = []
-                if self.where:
-                    from flight_gateway.arrow_types import parse_type
-
-                    arrow = pa.schema(
-                        [pa.field(f["name"], parse_type(f["type"])) for f in desc["schema"]]
-                    )
-                    pred = parse_filter(self.where, arrow)
-                    if pred is not None:
-                        clause, params = to_sql(pred, "%s")
-                        sql += f" WHERE {clause}"
-                props = {"harness.table": self.table, "harness.source": self.hot}
-                data = self._move_rows(conn, sql, params, itable, keys, props, int(desc["version"]))
+                    _delete_keys(conn, pg.qualified(), keys, _key_values(moved, keys))
+                sql, params = self._select(desc, itable.schema().as_arrow().names, pg.qualified())
+                props = ops.mover_properties(self.table, self.hot)
+                data = self._move_rows(conn, sql, params, itable, keys, props, desc.version)
                 if data.num_rows:
-                    _delete_keys(
-                        conn, target, keys, [tuple(r[k] for k in keys) for r in data.to_pylist()]
-                    )
+                    _delete_keys(conn, pg.qualified(), keys, _key_values(data, keys))
                     checkpoint("postgres_iceberg.after_delete")
                 if not data.num_rows and not orphans:
                     return MoveResult(None, 0)
                 as_of = server_now(conn)
             tip = itable.current_snapshot().snapshot_id
+            adopted = [s.snapshot_id for s in orphans]
             version = self.client.commit(
                 self.table,
                 commit_id=f"move:{self.table}:{self.cold}:{tip}",
@@ -420,14 +413,28 @@ class PostgresToIcebergMover(_Mover):
                     {"source": self.cold, "state": {"snapshot_id": tip}},
                     {"source": self.hot, "state": {"as_of": as_of}},
                 ],
-                summary={
-                    "operation": "postgres-to-iceberg",
-                    "rows": data.num_rows,
-                    "adopted": [s.snapshot_id for s in orphans],
-                },
+                summary=ops.relocation_summary(
+                    "postgres-to-iceberg", rows=data.num_rows, adopted=adopted
+                ),
             )
             checkpoint("postgres_iceberg.after_commit")
-            return MoveResult(version, data.num_rows, [s.snapshot_id for s in orphans])
+            return MoveResult(version, data.num_rows, adopted)
+
+
+def _key_values(data: pa.Table, keys: Sequence[str]) -> list[tuple[Any, ...]]:
+    return [tuple(r[k] for k in keys) for r in data.select(list(keys)).to_pylist()]
+
+
+def _upsert_into_lake(con: Any, lake: str, names: Sequence[str], keys: Sequence[str]) -> None:
+    """Replace the rows of registered relation ``moving`` by key, in one DuckDB transaction (a
+    repeat after a crash replaces the same keys again, never duplicates them)."""
+    from planners.predicates import quote_ident
+
+    on = " AND ".join(f"{lake}.{quote_ident(k)} = moving.{quote_ident(k)}" for k in keys)
+    con.execute("BEGIN")
+    con.execute(f"DELETE FROM {lake} USING moving WHERE {on}")
+    con.execute(f"INSERT INTO {lake} SELECT {', '.join(quote_ident(n) for n in names)} FROM moving")
+    con.execute("COMMIT")
 
 
 class PostgresToDuckLakeMover(_Mover):
@@ -437,60 +444,48 @@ class PostgresToDuckLakeMover(_Mover):
     new ``as_of`` in one harness commit. A lake snapshot newer than the pinned one (an earlier
     run killed before its commit) is adopted."""
 
+    def _move(self, con: Any, conn: Any, desc: TableInfo, lake: str, target: str) -> int:
+        """Rows moved from Postgres (``conn``) into the lake (``con``)."""
+        from planners.predicates import quote_ident
+
+        names = [d[0] for d in con.execute(f"SELECT * FROM {lake} LIMIT 0").description]
+        with conn.transaction():
+            rows = conn.execute(
+                f"SELECT {', '.join(quote_ident(n) for n in names)} FROM {target}"
+            ).fetchall()
+        if rows:
+            con.register(
+                "moving", pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows])
+            )
+            checkpoint("postgres_ducklake.before_lake")
+            _upsert_into_lake(con, lake, names, desc.primary_key)
+            checkpoint("postgres_ducklake.after_lake")
+            keys = [names.index(k) for k in desc.primary_key]
+            _delete_keys(conn, target, desc.primary_key, [tuple(r[i] for i in keys) for r in rows])
+            checkpoint("postgres_ducklake.after_delete")
+        return len(rows)
+
     def run_once(self) -> MoveResult:
         import psycopg
 
         from planners.ducklake import connect, table_ref
-        from planners.postgres import table_names
-        from planners.postgres_versioning import server_now
-        from planners.predicates import quote_ident
+        from planners.postgres import PostgresConfig
+        from planners.postgres.versioning import server_now
 
         with self._locked([self.hot, self.cold]) as lock:
             desc = self.client.describe(self.table)
-            srcs = _sources(desc)
-            keys = list(desc["primary_key"])
-            if not keys:
+            if not desc.primary_key:
                 raise Conflict(f"table {self.table!r} has no primary_key to move by")
-            lake_cfg = resolve_config(srcs[self.cold]["config"])
-            pg_config = resolve_config(srcs[self.hot]["config"])
-            pg_schema, pg_table, _ = table_names(pg_config)
-            target = f"{quote_ident(pg_schema)}.{quote_ident(pg_table)}"
+            lake_cfg = resolve_config(desc.source(self.cold).config)
+            pg = PostgresConfig.parse(resolve_config(desc.source(self.hot).config), where="hot")
             con = connect(lake_cfg, read_only=False)
             try:
-                lake = table_ref(lake_cfg)
-                names = [d[0] for d in con.execute(f"SELECT * FROM {lake} LIMIT 0").description]
-                with psycopg.connect(pg_config["dsn"]) as conn:
-                    with conn.transaction():
-                        rows = conn.execute(
-                            f"SELECT {', '.join(quote_ident(n) for n in names)} FROM {target}"
-                        ).fetchall()
-                    if rows:
-                        data = pa.Table.from_pylist(
-                            [dict(zip(names, r, strict=True)) for r in rows]
-                        )
-                        con.register("moving", data)
-                        checkpoint("postgres_ducklake.before_lake")
-                        con.execute("BEGIN")
-                        on = " AND ".join(
-                            f"{lake}.{quote_ident(k)} = moving.{quote_ident(k)}" for k in keys
-                        )
-                        con.execute(f"DELETE FROM {lake} USING moving WHERE {on}")
-                        con.execute(
-                            f"INSERT INTO {lake} SELECT {', '.join(quote_ident(n) for n in names)} FROM moving"
-                        )
-                        con.execute("COMMIT")
-                        checkpoint("postgres_ducklake.after_lake")
-                        _delete_keys(
-                            conn,
-                            target,
-                            keys,
-                            [tuple(r[names.index(k)] for k in keys) for r in rows],
-                        )
-                        checkpoint("postgres_ducklake.after_delete")
+                with psycopg.connect(pg.dsn) as conn:
+                    rows = self._move(con, conn, desc, table_ref(lake_cfg), pg.qualified())
                     snapshot = int(
                         con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()[0]
                     )
-                    if not rows and snapshot == srcs[self.cold]["state"].get("snapshot_id"):
+                    if not rows and snapshot == desc.source(self.cold).state.get("snapshot_id"):
                         return MoveResult(None, 0)
                     as_of = server_now(conn)
             finally:
@@ -503,7 +498,7 @@ class PostgresToDuckLakeMover(_Mover):
                     {"source": self.cold, "state": {"snapshot_id": snapshot}},
                     {"source": self.hot, "state": {"as_of": as_of}},
                 ],
-                summary={"operation": "postgres-to-ducklake", "rows": len(rows)},
+                summary=ops.relocation_summary("postgres-to-ducklake", rows=rows),
             )
             checkpoint("postgres_ducklake.after_commit")
-            return MoveResult(version, len(rows))
+            return MoveResult(version, rows)

@@ -23,9 +23,10 @@ import uuid
 from typing import Any
 
 from clients import HarnessClient
-from flight_gateway.catalog.config import resolve_config
+from flight_gateway.protocol import TableInfo
+from flight_gateway.protocol import operations as ops
 from pipelines.movers import KafkaToIcebergMover, MoveResult, PostgresToIcebergMover, checkpoint
-from planners.files import filesystem
+from planners.common import filesystem
 
 log = logging.getLogger(__name__)
 
@@ -88,23 +89,18 @@ class _OnSpark:
 
 class SparkKafkaToIcebergFlush(_OnSpark, KafkaToIcebergMover):
     def _append(
-        self,
-        itable: Any,
-        srcs: dict[str, dict[str, Any]],
-        low: int,
-        high: int,
-        props: dict[str, str],
+        self, itable: Any, desc: TableInfo, low: int, high: int, props: dict[str, str]
     ) -> int:
-        if low != int(srcs[self.hot]["state"].get("low", 0)):
+        if low != int(desc.source(self.hot).state.get("low", 0)):
             # An adopted orphan moved low past the pinned state: read the rest directly.
-            return super()._append(itable, srcs, low, high, props)
+            return super()._append(itable, desc, low, high, props)
         schema = itable.schema().as_arrow()
         df = _reader(
             self.spark,
             self.uri,
             self.table,
             self.token,
-            version=str(self.pinned_version),
+            version=str(desc.version),
             sources=self.hot,
             columns=",".join(schema.names),
         )
@@ -151,7 +147,7 @@ class SparkPostgresToIcebergMove(_OnSpark, PostgresToIcebergMover):
             return pa.table({k: pa.array([], schema.field(k).type) for k in keys})
         n = _rows(files)
         checkpoint("postgres_iceberg.before_append")
-        itable.add_files(files, snapshot_properties={**props, "harness.rows": str(n)})
+        itable.add_files(files, snapshot_properties={**props, ops.SNAP_ROWS: str(n)})
         checkpoint("postgres_iceberg.after_append")
         fs, _ = filesystem(files[0])
         return ds.dataset(
@@ -169,56 +165,37 @@ def compact(
     files: int = 1,
     token: str | None = None,
 ) -> MoveResult:
-    """Rewrite ``source`` (files or Iceberg) as ``files`` Parquet files in one harness commit."""
-    from pyiceberg.expressions import AlwaysTrue
-
-    from planners.iceberg import load_table
-
+    """Rewrite ``source`` as ``files`` Parquet files in one harness commit, through the
+    gateway's engine-write actions (any kind that adopts files). The commit is a relocation:
+    streaming readers do not see the rewritten rows again. Readers pinned to older versions keep
+    reading the old files."""
     with client.lock(table, [source], owner="spark-compaction", ttl_s=600, wait_s=120) as lock:
-        desc = client.describe(table)
-        src = next(s for s in desc["sources"] if s["name"] == source)
-        config = resolve_config(src["config"])
-        job = uuid.uuid4().hex
-        df = _reader(spark, uri, table, token, version=str(desc["version"]), sources=source)
-        if src["kind"] == "files":
-            root = str(config.get("root", "")).rstrip("/")
-            written = _write_parquet(df, f"{root}/compacted-{job}", files)
-            names = [p[len(root) + 1 :] if p.startswith(root + "/") else p for p in written]
-            state = {**src["state"], "files": names}
-        elif src["kind"] == "iceberg":
-            itable = load_table(config)
-            schema = itable.schema().as_arrow()
-            written = _write_parquet(
-                df.select(*schema.names),
-                f"{itable.location().rstrip('/')}/data/compacted-{job}",
-                files,
+        pinned = client.describe(table).version
+        df = _reader(spark, uri, table, token, version=str(pinned), sources=source)
+        begun = client.begin_write(table, source)
+        if begun["mode"] != "stage":
+            raise ValueError(f"source {source!r} cannot be compacted: its kind adopts no files")
+        try:
+            written = _write_parquet(df, f"{begun['location']}/compacted", files)
+            rows = _rows(written)
+            version = client.commit_write(
+                table,
+                begun["write_id"],
+                written,
+                source=source,
+                overwrite=True,
+                relocation=True,
+                rows=rows,
+                lock=lock,
             )
-            with itable.transaction() as tx:
-                tx.delete(AlwaysTrue(), snapshot_properties={"harness.compaction": job})
-                if written:
-                    tx.add_files(written, snapshot_properties={"harness.compaction": job})
-            itable.refresh()
-            state = {**src["state"], "snapshot_id": itable.current_snapshot().snapshot_id}
-        else:
-            raise ValueError(f"compaction supports files and iceberg sources, not {src['kind']}")
-        version = client.commit(
-            table,
-            commit_id=f"compact:{table}:{source}:{job}",
-            lock=lock,
-            updates=[
-                {"source": source, "state": state, "expect_state_version": src["state_version"]}
-            ],
-            summary={"operation": "compaction", "files": len(written), "rows": _rows(written)},
-        )
+        except BaseException:
+            client.abort_write(table, begun["write_id"], source)
+            raise
     log.info("compacted %s/%s into %d files as version %d", table, source, len(written), version)
-    return MoveResult(version, _rows(written))
+    return MoveResult(version, rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from pyspark.sql import SparkSession
-
-    from spark_datasource import register
-
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.spark_jobs")
     parser.add_argument("job", choices=["flush", "cold-move", "compact"])
     parser.add_argument("--uri", required=True)
@@ -229,7 +206,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--where", help="cold-move: only rows matching this harness filter")
     parser.add_argument("--source", help="compact: the source to rewrite")
     parser.add_argument("--files", type=int, default=1)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_job(spark: Any, client: HarnessClient, args: argparse.Namespace) -> MoveResult:
+    """Run the job the command line names."""
+    common = {"token": args.token}
+    if args.job in ("flush", "cold-move") and not (args.hot and args.cold):
+        raise SystemExit(f"{args.job} needs --hot and --cold")
+    if args.job == "flush":
+        flush = SparkKafkaToIcebergFlush(
+            spark, args.uri, client, args.table, args.hot, args.cold, owner="spark-flush", **common
+        )
+        return flush.run_once()
+    if args.job == "cold-move":
+        move = SparkPostgresToIcebergMove(
+            spark,
+            args.uri,
+            client,
+            args.table,
+            args.hot,
+            args.cold,
+            where=args.where,
+            owner="spark-cold-move",
+            **common,
+        )
+        return move.run_once()
+    if not args.source:
+        raise SystemExit("compact needs --source")
+    return compact(spark, args.uri, client, args.table, args.source, files=args.files, **common)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pyspark.sql import SparkSession
+
+    from spark_datasource import register
+
+    args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -237,21 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     register(spark)
     client = HarnessClient(args.uri, token=args.token)
     try:
-        if args.job == "flush":
-            result = SparkKafkaToIcebergFlush(
-                spark,
-                args.uri,
-                client,
-                args.table,
-                args.hot,
-                args.cold,
-                token=args.token,
-                owner="spark-flush",
-            ).run_once()
-        else:
-            result = compact(
-                spark, args.uri, client, args.table, args.source, files=args.files, token=args.token
-            )
+        result = run_job(spark, client, args)
         log.info("%s: version %s, %d rows", args.job, result.version, result.rows)
     finally:
         client.close()

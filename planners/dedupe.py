@@ -1,7 +1,7 @@
 """The primary-key view: the latest row per key across the sources of one pinned version.
 
-Rank of a row, highest wins: the source's tier (config ``tier``; by default Kafka 2, Postgres 1,
-cold kinds 0, since data flows hot -> cold), then the table's ordering column (property
+Rank of a row, highest wins: the source's tier (config ``tier``, else its kind's
+``dedupe_tier``: data flows hot -> cold, so hotter kinds rank higher), then the table's ordering column (property
 ``dedupe.order_by``, e.g. ``updated_at`` or ``_kafka_offset``) when it has one, then the row's
 position in its source (later files in the list, higher offsets, later rows). A row with no
 ordering value takes the largest one before it in its source. A row whose
@@ -15,7 +15,6 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-DEFAULT_TIERS = {"kafka": 2, "postgres": 1}
 _RANK = ("__tier", "__order", "__seq")
 
 

@@ -4,28 +4,46 @@ Config: ``metadata`` (what follows ``ducklake:`` in ATTACH: a DuckDB file, ``sql
 ``postgres:dsn``), ``data_path``, ``table`` and optional ``schema`` (default ``main``).
 State: ``{"snapshot_id": int}``. Projection and the whole predicate go into the SQL (quoted
 identifiers, bound parameters), so DuckDB filters exactly and streams Arrow batches.
+Schema changes: ``ALTER TABLE`` (additive part only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from flight_gateway.errors import InvalidArgument, Unavailable
-from planners.base import (
+from planners.common import (
     DEFAULT_BATCH_ROWS,
-    ScanRequest,
-    ScanTask,
+    apply_residual,
     closing,
     conform,
+    empty_reader,
     physical_names,
     pushdown,
-    target_schema,
+)
+from planners.kind import (
+    Additive,
+    Reach,
+    ScanRequest,
+    ScanTask,
+    SourceConfig,
+    SourceKind,
+    SourceRef,
 )
 from planners.predicates import quote_ident, to_sql
-from planners.scan import apply_residual
+from planners.sqltypes import sql_type
+
+
+@dataclass(frozen=True, kw_only=True)
+class DuckLakeConfig(SourceConfig):
+    metadata: str
+    table: str
+    data_path: str | None = None
+    schema: str = "main"
 
 
 def connect(config: Mapping[str, Any], *, read_only: bool = True) -> Any:
@@ -69,19 +87,45 @@ def table_ref(config: Mapping[str, Any]) -> str:
     return f"lake.{quote_ident(str(config.get('schema', 'main')))}.{quote_ident(table)}"
 
 
-class DuckLakePlanner:
+def _snapshot(source: str, state: Mapping[str, Any]) -> int | None:
+    snap = state.get("snapshot_id")
+    if snap is not None and (isinstance(snap, bool) or not isinstance(snap, int)):
+        raise InvalidArgument(f"source {source!r}: snapshot_id must be an integer, got {snap!r}")
+    return snap
+
+
+class DuckLakeKind(SourceKind):
+    config_model = DuckLakeConfig
+
+    def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
+        _snapshot(name, state)
+
+    def reaches(self, source: SourceRef) -> list[Reach]:
+        config: DuckLakeConfig = self.parse_config(source)
+        meta = config.metadata
+        if meta.startswith("postgres:"):
+            from planners.postgres import dsn_reaches
+
+            out = dsn_reaches(meta[len("postgres:") :], "metadata")
+        else:
+            out = [Reach("path", "metadata", meta.removeprefix("sqlite:"))]
+        if config.data_path:
+            out.append(Reach("path", "data_path", config.data_path))
+        return out
+
     def plan(self, request: ScanRequest) -> list[ScanTask]:
         src = request.source
-        if src.state.get("snapshot_id") is None:
+        if _snapshot(src.name, src.state) is None:
             return []
-        return [ScanTask(src.name, src.kind, {}, exact_filter=True)]
+        return [ScanTask(src.name, {}, exact_filter=True)]
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
         src = request.source
         cols = request.columns
-        snap = src.state.get("snapshot_id")
+        snap = _snapshot(src.name, src.state)
         if snap is None:
-            return pa.RecordBatchReader.from_batches(target_schema(cols), iter(()))
+            return empty_reader(cols)
+        self.parse_config(src)
         con = connect(src.config)
         try:
             at = f"{table_ref(src.config)} AT (VERSION => {int(snap)})"
@@ -106,3 +150,20 @@ class DuckLakePlanner:
         if request.predicate is not None and pred is None:
             out = apply_residual(out, request.predicate)
         return out
+
+    def apply_additive(self, source: SourceRef, changes: Sequence[Additive]) -> None:
+        con = connect(source.config, read_only=False)
+        try:
+            target = table_ref(source.config)
+            existing = {d[0] for d in con.execute(f"SELECT * FROM {target} LIMIT 0").description}
+            for c in changes:
+                col_type = sql_type(c.type, postgres=False)
+                phys = next((n for n in c.names if n in existing), None)
+                if c.op == "add" and phys is None:
+                    con.execute(
+                        f"ALTER TABLE {target} ADD COLUMN {quote_ident(c.names[0])} {col_type}"
+                    )
+                elif c.op == "widen" and phys is not None:
+                    con.execute(f"ALTER TABLE {target} ALTER {quote_ident(phys)} TYPE {col_type}")
+        finally:
+            con.close()

@@ -3,32 +3,48 @@
 State ``{"files": [paths]}`` (relative to config ``root`` or absolute); exactly those files are
 visible. Projection and the predicate go into a ``pyarrow.dataset`` scanner per file (row-group
 statistics pruning for Parquet). Small files are grouped into one task up to ``target_task_bytes``.
+
+Writes: DoPut adds one Parquet file named after the commit id (a retry rewrites the same file);
+engines (Spark writes, compaction) write Parquet files under ``root`` that are adopted into the
+list. Streaming: the rows added between two states are the files that joined the list.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from flight_gateway.errors import InvalidArgument, Unavailable
-from planners.base import (
+from planners.common import (
     DEFAULT_BATCH_ROWS,
-    ScanRequest,
-    ScanTask,
+    apply_residual,
     chain_readers,
     conform,
+    filesystem,
     group_by_size,
     physical_names,
     pushdown,
     target_schema,
 )
+from planners.kind import (
+    AppendContext,
+    DirectFiles,
+    Reach,
+    ScanRequest,
+    ScanTask,
+    SourceConfig,
+    SourceKind,
+    SourceRef,
+)
 from planners.predicates import to_arrow
-from planners.scan import apply_residual
 
 FORMATS = {
     "parquet": "parquet",
@@ -40,52 +56,112 @@ FORMATS = {
 }
 
 
-def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem and path of a local path or a URI (``file://``, ``s3://``, ...)."""
-    if "://" in location:
-        fs, path = pafs.FileSystem.from_uri(location)
-        return fs, path
-    return pafs.LocalFileSystem(), location
+@dataclass(frozen=True, kw_only=True)
+class FilesConfig(SourceConfig):
+    format: Literal["parquet", "orc", "arrow", "ipc", "feather", "csv"] = "parquet"
+    #: Directory (path or URI) the file names are relative to; needed for writes.
+    root: str | None = None
 
 
-def resolve_paths(config: Mapping[str, Any], files: list[str]) -> tuple[pafs.FileSystem, list[str]]:
-    fs, root = filesystem(str(config.get("root", "")))
+def _inside(path: str, base: str, local: bool) -> bool:
+    if local:  # symlinks and ".." resolved: the real file must live under the real root
+        real, root = os.path.realpath(path), os.path.realpath(base)
+        return real == root or real.startswith(root.rstrip("/") + "/")
+    norm = os.path.normpath(path)
+    return norm.startswith(os.path.normpath(base).rstrip("/") + "/")
+
+
+def resolve_paths(root: str | None, files: Sequence[Any]) -> tuple[pafs.FileSystem, list[str]]:
+    """Full paths of a state's file names, confined to ``root`` (absolute names and ``..`` may
+    not leave it; without a root, names must be absolute and the gateway's allow-list checks
+    them)."""
+    fs, base = filesystem(root or "")
+    local = isinstance(fs, pafs.LocalFileSystem)
     out = []
     for f in files:
         if not isinstance(f, str) or not f:
             raise InvalidArgument(f"file entries must be non-empty strings, got {f!r}")
-        out.append(f if os.path.isabs(f) or not root else os.path.join(root, f))
+        path = f if os.path.isabs(f) or not base else os.path.join(base, f)
+        if base and not _inside(path, base, local):
+            raise InvalidArgument(f"file {f!r} is outside the source's root")
+        if not base and not os.path.isabs(f):
+            raise InvalidArgument(f"file {f!r} is relative, but the source has no root")
+        out.append(path)
     return fs, out
 
 
-def file_format(config: Mapping[str, Any]) -> str:
-    fmt = str(config.get("format", "parquet")).lower()
-    if fmt not in FORMATS:
-        raise InvalidArgument(f"unsupported files format {fmt!r} (supported: {sorted(FORMATS)})")
-    return FORMATS[fmt]
+def _write_once(fs: pafs.FileSystem, path: str, rows: pa.Table) -> None:
+    """Write ``path`` unless it exists, never overwriting: the data goes to a temporary name
+    first and is moved into place whole, so an existing file is always a complete earlier try
+    of the same commit."""
+    import pyarrow.parquet as pq
+
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        return
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with fs.open_output_stream(tmp) as out:
+        pq.write_table(rows, out)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        fs.move(tmp, path)
+    else:
+        fs.delete_file(tmp)
 
 
-class FilesPlanner:
-    def plan(self, request: ScanRequest) -> list[ScanTask]:
+def _file_list(source: str, state: Mapping[str, Any]) -> list[str]:
+    files = state.get("files", [])
+    if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        raise InvalidArgument(f"source {source!r}: state 'files' must be a list of file names")
+    return list(files)
+
+
+def _require_root(source: SourceRef, config: FilesConfig) -> str:
+    if not config.root:
+        raise InvalidArgument(f"source {source.name!r}: writing needs config 'root'")
+    return config.root.rstrip("/")
+
+
+class FilesKind(SourceKind):
+    config_model = FilesConfig
+    cumulative = False  # compaction rewrites the list: streaming compares commit by commit
+
+    def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
+        _file_list(name, state)
+
+    def check(self, source: SourceRef) -> None:
+        config: FilesConfig = self.parse_config(source)
+        resolve_paths(config.root, _file_list(source.name, source.state))
+
+    def reaches(self, source: SourceRef) -> list[Reach]:
+        config: FilesConfig = self.parse_config(source)
+        if config.root:
+            return [Reach("path", "root", config.root)]
+        return [Reach("path", "files", f) for f in _file_list(source.name, source.state)]
+
+    # ------------------------------------------------------------------ reading
+
+    def _tasks(self, request: ScanRequest, files: list[str]) -> list[ScanTask]:
         src = request.source
-        file_format(src.config)
-        files = list(src.state.get("files", []))
-        fs, paths = resolve_paths(src.config, files)
+        config: FilesConfig = self.parse_config(src)
+        fs, paths = resolve_paths(config.root, files)
         infos = fs.get_file_info(paths) if paths else []
         for info in infos:
             if info.type == pafs.FileType.NotFound:
                 raise Unavailable(f"source {src.name!r}: file {info.path!r} is missing")
-        target = src.config.get("target_task_bytes")
         groups = group_by_size(
             [(name, info.size) for name, info in zip(files, infos, strict=True)],
-            int(target) if target else None,
+            config.target_task_bytes,
         )
-        return [ScanTask(src.name, src.kind, {"files": g}, exact_filter=True) for g in groups]
+        return [ScanTask(src.name, {"files": g}, exact_filter=True) for g in groups]
+
+    def plan(self, request: ScanRequest) -> list[ScanTask]:
+        return self._tasks(request, _file_list(request.source.name, request.source.state))
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
         src = request.source
-        fmt = file_format(src.config)
-        fs, paths = resolve_paths(src.config, list(task.payload["files"]))
+        config: FilesConfig = self.parse_config(src)
+        fmt = FORMATS[config.format]
+        fs, paths = resolve_paths(config.root, list(task.payload["files"]))
         cols = request.columns
 
         def one(path: str) -> pa.RecordBatchReader:
@@ -101,12 +177,11 @@ class FilesPlanner:
                 batch_size=DEFAULT_BATCH_ROWS,
                 use_threads=True,
             )
+            out = conform(scanner.to_reader(), cols, mapping)
             if request.predicate is not None and pred is None:
                 # The predicate names a column this file lacks: evaluate it after conforming.
-                return apply_residual(
-                    conform(scanner.to_reader(), cols, mapping), request.predicate
-                )
-            return conform(scanner.to_reader(), cols, mapping)
+                out = apply_residual(out, request.predicate)
+            return out
 
         if len(paths) == 1:
             return one(paths[0])
@@ -116,3 +191,57 @@ class FilesPlanner:
                 yield one(p)
 
         return chain_readers(target_schema(cols), readers())
+
+    def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None:
+        config: FilesConfig = self.parse_config(request.source)
+        fs, paths = resolve_paths(config.root, list(task.payload["files"]))
+        if isinstance(fs, pafs.LocalFileSystem):
+            paths = [os.path.abspath(p) for p in paths]
+        elif config.root and "://" in config.root:  # keep the scheme: s3://bucket/key
+            scheme = config.root.split("://", 1)[0]
+            paths = [f"{scheme}://{p}" for p in paths]
+        return DirectFiles(FORMATS[config.format], tuple(paths))
+
+    def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
+        src = request.source
+        old = set(_file_list(src.name, before)) if before else set()
+        new = [f for f in _file_list(src.name, src.state) if f not in old]
+        return self._tasks(request, new) if new else []
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]:
+        config: FilesConfig = self.parse_config(ctx.source)
+        if config.format != "parquet":
+            raise InvalidArgument(f"source {ctx.source.name!r}: DoPut writes Parquet files only")
+        # One name per (table, source, commit): a retry finds its file, another table sharing
+        # the root never collides with it.
+        key = f"{ctx.table}\0{ctx.source.name}\0{ctx.commit_id}".encode()
+        name = f"harness-{hashlib.sha256(key).hexdigest()[:32]}.parquet"
+        fs, (path,) = resolve_paths(_require_root(ctx.source, config), [name])
+        _write_once(fs, path, rows)
+        files = _file_list(ctx.source.name, ctx.source.state)
+        if name not in files:
+            files.append(name)
+        return {**ctx.source.state, "files": files}
+
+    def staging_location(self, source: SourceRef, write_id: str) -> str:
+        return f"{_require_root(source, self.parse_config(source))}/spark-{write_id}"
+
+    def adopt_files(
+        self,
+        source: SourceRef,
+        files: Sequence[str],
+        *,
+        replace: bool,
+        commit_id: str,
+        relocation: bool,
+    ) -> dict[str, Any]:
+        root = _require_root(source, self.parse_config(source))
+        names = []
+        for f in files:
+            if not f.startswith(root + "/"):
+                raise InvalidArgument(f"source {source.name!r}: {f!r} is not under its root")
+            names.append(f[len(root) + 1 :])
+        kept = [] if replace else _file_list(source.name, source.state)
+        return {**source.state, "files": kept + [n for n in names if n not in kept]}

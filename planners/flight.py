@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway.errors import InvalidArgument, Unavailable
-from planners.base import ScanRequest, ScanTask, closing, conform, physical_names
+from planners.common import closing, conform, physical_names
+from planners.kind import Reach, ScanRequest, ScanTask, SourceConfig, SourceKind, SourceRef
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlightConfig(SourceConfig):
+    location: str
+    descriptor: dict[str, Any] | None = None
+    token: str | None = None
+    timeout_s: float = 60.0
 
 
 def _descriptor(src_config: Mapping[str, Any], state: Mapping[str, Any]) -> fl.FlightDescriptor:
@@ -33,10 +43,16 @@ def _options(config: Mapping[str, Any]) -> fl.FlightCallOptions:
     return fl.FlightCallOptions(headers=headers, timeout=float(config.get("timeout_s", 60)))
 
 
-class FlightPlanner:
+class FlightKind(SourceKind):
+    config_model = FlightConfig
+
+    def reaches(self, source: SourceRef) -> list[Reach]:
+        # Upstream endpoints may name other locations: those are checked when read.
+        return [Reach("uri", "location", self.parse_config(source).location)]
+
     def plan(self, request: ScanRequest) -> list[ScanTask]:
         src = request.source
-        location = str(src.config.get("location", ""))
+        location = self.parse_config(src).location
         try:
             with fl.connect(location) as client:
                 info = client.get_flight_info(
@@ -53,21 +69,16 @@ class FlightPlanner:
             tasks.append(
                 ScanTask(
                     src.name,
-                    src.kind,
                     {"ticket": base64.b64encode(ep.ticket.ticket).decode(), "locations": locs},
-                    exact_filter=False,
                 )
             )
         return tasks
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
         src = request.source
-        locs = [
-            loc
-            for loc in task.payload.get("locations", [])
-            if not loc.startswith("arrow-flight-reuse-connection")
-        ]
-        location = locs[0] if locs else str(src.config.get("location", ""))
+        # Always the configured (allow-listed) location: an upstream's endpoint locations could
+        # otherwise send the gateway anywhere.
+        location = self.parse_config(src).location
         ticket = fl.Ticket(base64.b64decode(task.payload["ticket"]))
         try:
             client = fl.connect(location)

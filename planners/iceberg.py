@@ -5,6 +5,11 @@ Config: ``catalog`` (pyiceberg catalog properties, e.g. ``{"type": "sql", "uri":
 State: ``{"snapshot_id": int | null}`` (null: the table had no snapshot, so no rows).
 Planning runs pyiceberg's ``plan_files`` with the row filter and groups data files into tasks;
 reading runs ``ArrowScan`` over the task's files (position deletes applied by pyiceberg).
+
+Writes: DoPut appends one snapshot tagged with the commit id (a retry reuses it); engines write
+Parquet files that are registered with one ``add_files`` (overwrite and compaction delete the
+old files in the same transaction). Schema changes: ``update_schema().union_by_name``.
+Streaming: the data files of the snapshots appended between two states, relocations excluded.
 """
 
 from __future__ import annotations
@@ -12,20 +17,32 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
-from planners.base import (
-    ScanRequest,
-    ScanTask,
+from flight_gateway.protocol import operations as ops
+from planners.common import (
     conform,
+    empty_reader,
     group_by_size,
     physical_names,
     pushdown,
-    target_schema,
+    to_physical,
+)
+from planners.kind import (
+    Additive,
+    AppendContext,
+    DirectFiles,
+    Reach,
+    ScanRequest,
+    ScanTask,
+    SourceConfig,
+    SourceKind,
+    SourceRef,
 )
 from planners.predicates.iceberg import to_iceberg
 
@@ -34,116 +51,73 @@ _plans: OrderedDict[str, tuple[Any, dict[str, str], list[Any]]] = OrderedDict()
 _lock = threading.Lock()
 
 
+@dataclass(frozen=True, kw_only=True)
+class IcebergConfig(SourceConfig):
+    #: pyiceberg catalog properties (``type``, ``uri``, ``warehouse``, ...)
+    catalog: dict[str, Any]
+    identifier: str
+    catalog_name: str = "default"
+
+    def __post_init__(self) -> None:
+        # pyiceberg imports the classes these name: a table writer must not load code.
+        loading = sorted(k for k in self.catalog if str(k).startswith("py-"))
+        if loading:
+            raise InvalidArgument(f"iceberg catalog properties {loading} load code; not allowed")
+
+
+def _catalog_reaches(props: Mapping[str, Any]) -> list[Reach]:
+    """The catalog database or service, the warehouse, and any storage endpoint."""
+    out = []
+    for key, value in props.items():
+        text = str(value)
+        if key == "uri":
+            if text.startswith("sqlite:"):
+                out.append(Reach("path", "catalog.uri", text.split(":///", 1)[-1]))
+            elif "://" in text and not text.startswith("http"):
+                out.append(Reach("host", "catalog.uri", _netloc(text)))
+            else:
+                out.append(Reach("uri", "catalog.uri", text))
+        elif key == "warehouse":
+            out.append(Reach("path", "catalog.warehouse", text))
+        elif str(key).endswith("endpoint"):
+            out.append(Reach("uri", f"catalog.{key}", text))
+    return out
+
+
+def _netloc(uri: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    host = parts.hostname or ""
+    return f"{host}:{parts.port}" if parts.port else host
+
+
 def load_table(config: Mapping[str, Any]) -> Any:
+    """The pyiceberg table of a (resolved) source config; catalogs are opened once."""
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
 
-    props = config.get("catalog")
-    ident = config.get("identifier")
-    if not isinstance(props, Mapping) or not isinstance(ident, str):
-        raise InvalidArgument("iceberg source config needs 'catalog' (properties) and 'identifier'")
-    key = json.dumps([config.get("catalog_name", "default"), props], sort_keys=True)
+    cfg = IcebergConfig.parse(config, where="iceberg source")
+    key = json.dumps([cfg.catalog_name, cfg.catalog], sort_keys=True, default=str)
     with _lock:
         cat = _catalogs.get(key)
         if cat is None:
             try:
-                cat = load_catalog(
-                    str(config.get("catalog_name", "default")),
-                    **{k: str(v) for k, v in props.items()},
-                )
+                cat = load_catalog(cfg.catalog_name, **{k: str(v) for k, v in cfg.catalog.items()})
             except Exception as e:
                 raise Unavailable(f"cannot open Iceberg catalog: {e}") from e
             _catalogs[key] = cat
     try:
-        return cat.load_table(ident)
+        return cat.load_table(cfg.identifier)
     except NoSuchTableError as e:
-        raise NotFound(f"Iceberg table {ident!r} does not exist") from e
+        raise NotFound(f"Iceberg table {cfg.identifier!r} does not exist") from e
 
 
-class IcebergPlanner:
-    def _scan(self, request: ScanRequest) -> tuple[Any, dict[str, str], list[Any]]:
-        """(scan, name mapping, planned FileScanTasks), cached per pinned request: a snapshot
-        never changes, so DoGet calls reuse the plan without reloading table metadata."""
-        snap_id = request.source.state.get("snapshot_id")
-        if not isinstance(snap_id, int):
-            raise InvalidArgument(
-                f"source {request.source.name!r}: snapshot_id must be an integer, got {snap_id!r}"
-            )
-        key = json.dumps(
-            [
-                request.source.config.get("catalog"),
-                request.source.config.get("identifier"),
-                snap_id,
-                [(c.name, c.aliases) for c in request.columns],
-                repr(request.predicate),
-            ],
-            sort_keys=True,
-            default=str,
-        )
-        with _lock:
-            hit = _plans.get(key)
-            if hit is not None:
-                _plans.move_to_end(key)
-                return hit
-        table = load_table(request.source.config)
-        snapshot = table.snapshot_by_id(snap_id)
-        if snapshot is None:
-            raise NotFound(
-                f"source {request.source.name!r}: Iceberg snapshot {snap_id} does not exist "
-                "(expired?)"
-            )
-        schema = table.schemas().get(snapshot.schema_id, table.schema())
-        mapping = physical_names(request.columns, [f.name for f in schema.fields])
-        pred = pushdown(request, mapping)
-        scan = table.scan(
-            row_filter=to_iceberg(pred),
-            # With no requested column in this table, still read one so row counts (and
-            # deletes) are right; conform then yields nulls for every requested column.
-            selected_fields=tuple(sorted(set(mapping.values()))) or (schema.fields[0].name,),
-            snapshot_id=snap_id,
-        )
-        result = (scan, mapping, list(scan.plan_files()))
-        with _lock:
-            _plans[key] = result
-            while len(_plans) > 256:
-                _plans.popitem(last=False)
-        return result
-
-    def plan(self, request: ScanRequest) -> list[ScanTask]:
-        src = request.source
-        if src.state.get("snapshot_id") is None:
-            return []
-        _, _, tasks = self._scan(request)
-        target = src.config.get("target_task_bytes")
-        groups = group_by_size(
-            [(t.file.file_path, int(t.file.file_size_in_bytes)) for t in tasks],
-            int(target) if target else None,
-        )
-        # The gateway re-applies the exact predicate: Iceberg's filter only prunes.
-        return [ScanTask(src.name, src.kind, {"files": g}, exact_filter=False) for g in groups]
-
-    def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
-        from pyiceberg.io.pyarrow import ArrowScan
-
-        cols = request.columns
-        if request.source.state.get("snapshot_id") is None:
-            return pa.RecordBatchReader.from_batches(target_schema(cols), iter(()))
-        scan, mapping, tasks = self._scan(request)
-        wanted = set(task.payload["files"])
-        mine = [t for t in tasks if t.file.file_path in wanted]
-        if len(mine) != len(wanted):
-            raise NotFound(
-                f"source {request.source.name!r}: ticket names data files not in snapshot"
-            )
-        batches = ArrowScan(
-            scan.table_metadata,
-            scan.io,
-            scan.projection(),
-            scan.row_filter,
-            scan.case_sensitive,
-            None,
-        ).to_record_batches(mine)
-        return conform(batches, cols, mapping)
+def _snapshot_id(source: str, state: Mapping[str, Any]) -> int | None:
+    snap = state.get("snapshot_id")
+    if snap is not None and (isinstance(snap, bool) or not isinstance(snap, int)):
+        raise InvalidArgument(f"source {source!r}: snapshot_id must be an integer, got {snap!r}")
+    return snap
 
 
 def lineage_after(
@@ -181,16 +155,195 @@ def added_data_files(table: Any, snap: Any) -> list[str]:
     ]
 
 
-def appended_files(config: Mapping[str, Any], since: int | None, until: int | None) -> list[str]:
-    """Data files added by the append snapshots after ``since`` up to ``until`` (for streaming).
-    Snapshots written by movers (``harness.source``) or compaction (``harness.compaction``)
-    relocate rows and add none, so their files are skipped."""
-    if until is None or until == since:
-        return []
-    table = load_table(config)
-    files: list[str] = []
-    for snap in lineage_after(table, since, until)[0]:
-        props = snapshot_properties(snap)
-        if "harness.source" not in props and "harness.compaction" not in props:
-            files += added_data_files(table, snap)
-    return files
+class IcebergKind(SourceKind):
+    config_model = IcebergConfig
+    cumulative = False
+
+    def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
+        _snapshot_id(name, state)
+
+    def reaches(self, source: SourceRef) -> list[Reach]:
+        return _catalog_reaches(self.parse_config(source).catalog)
+
+    # ------------------------------------------------------------------ reading
+
+    def _scan(self, request: ScanRequest) -> tuple[Any, dict[str, str], list[Any]]:
+        """(scan, name mapping, planned FileScanTasks), cached per pinned request: a snapshot
+        never changes, so DoGet calls reuse the plan without reloading table metadata."""
+        src = request.source
+        snap_id = _snapshot_id(src.name, src.state)
+        key = json.dumps(
+            [
+                src.config.get("catalog"),
+                src.config.get("identifier"),
+                snap_id,
+                [(c.name, c.aliases) for c in request.columns],
+                repr(request.predicate),
+            ],
+            sort_keys=True,
+            default=str,
+        )
+        with _lock:
+            hit = _plans.get(key)
+            if hit is not None:
+                _plans.move_to_end(key)
+                return hit
+        table = load_table(src.config)
+        snapshot = table.snapshot_by_id(snap_id)
+        if snapshot is None:
+            raise NotFound(
+                f"source {src.name!r}: Iceberg snapshot {snap_id} does not exist (expired?)"
+            )
+        schema = table.schemas().get(snapshot.schema_id, table.schema())
+        mapping = physical_names(request.columns, [f.name for f in schema.fields])
+        scan = table.scan(
+            row_filter=to_iceberg(pushdown(request, mapping)),
+            # With no requested column in this table, still read one so row counts (and
+            # deletes) are right; conform then yields nulls for every requested column.
+            selected_fields=tuple(sorted(set(mapping.values()))) or (schema.fields[0].name,),
+            snapshot_id=snap_id,
+        )
+        result = (scan, mapping, list(scan.plan_files()))
+        with _lock:
+            _plans[key] = result
+            while len(_plans) > 256:
+                _plans.popitem(last=False)
+        return result
+
+    def _tasks(self, request: ScanRequest, files: list[tuple[str, int]]) -> list[ScanTask]:
+        groups = group_by_size(files, self.parse_config(request.source).target_task_bytes)
+        # The gateway re-applies the exact predicate: Iceberg's filter only prunes.
+        return [ScanTask(request.source.name, {"files": g}) for g in groups]
+
+    def plan(self, request: ScanRequest) -> list[ScanTask]:
+        if _snapshot_id(request.source.name, request.source.state) is None:
+            return []
+        _, _, tasks = self._scan(request)
+        return self._tasks(
+            request, [(t.file.file_path, int(t.file.file_size_in_bytes)) for t in tasks]
+        )
+
+    def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        cols = request.columns
+        if _snapshot_id(request.source.name, request.source.state) is None:
+            return empty_reader(cols)
+        scan, mapping, tasks = self._scan(request)
+        wanted = set(task.payload["files"])
+        mine = [t for t in tasks if t.file.file_path in wanted]
+        if len(mine) != len(wanted):
+            raise NotFound(
+                f"source {request.source.name!r}: ticket names data files not in snapshot"
+            )
+        batches = ArrowScan(
+            scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive
+        ).to_record_batches(mine)
+        return conform(batches, cols, mapping)
+
+    def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None:
+        if _snapshot_id(request.source.name, request.source.state) is None:
+            return None
+        scan, mapping, tasks = self._scan(request)
+        wanted = set(task.payload["files"])
+        mine = [t for t in tasks if t.file.file_path in wanted]
+        if len(mine) != len(wanted) or any(t.delete_files for t in mine):
+            return None  # deletes must be applied: the gateway reads this task
+        if any("PARQUET" not in str(t.file.file_format).upper() for t in mine):
+            return None  # ORC/Avro data files: read through the gateway
+        # Field ids of the pinned snapshot's schema: data files written under older schemas
+        # carry the same ids under whatever names they had then.
+        meta = scan.table_metadata
+        snap = meta.snapshot_by_id(scan.snapshot_id) if scan.snapshot_id else None
+        schema = meta.schema_by_id(snap.schema_id) if snap and snap.schema_id is not None else None
+        schema = schema or meta.schema()
+        ids = {
+            c.name: schema.find_field(mapping[c.name]).field_id
+            for c in request.columns
+            if c.name in mapping
+        }
+        return DirectFiles("parquet", tuple(t.file.file_path for t in mine), ids)
+
+    def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
+        """Data files added by the append snapshots between the two states (the tasks are read
+        at ``request``'s snapshot, which holds them). Snapshots that relocate rows (movers,
+        compaction) add none."""
+        src = request.source
+        until = _snapshot_id(src.name, src.state)
+        since = _snapshot_id(src.name, before) if before else None
+        if until is None or until == since:
+            return []
+        table = load_table(src.config)
+        files: set[str] = set()
+        for snap in lineage_after(table, since, until)[0]:
+            if not ops.snapshot_is_relocation(snapshot_properties(snap)):
+                files.update(added_data_files(table, snap))
+        _, _, tasks = self._scan(request)
+        sizes = [(t.file.file_path, int(t.file.file_size_in_bytes)) for t in tasks]
+        return self._tasks(request, [(p, n) for p, n in sizes if p in files]) if files else []
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]:
+        src = ctx.source
+        table = load_table(src.config)
+        # An earlier try of this commit may have appended already: reuse that snapshot.
+        for snap in lineage_after(table, _snapshot_id(src.name, src.state))[0]:
+            if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == ctx.commit_id:
+                return {**src.state, "snapshot_id": snap.snapshot_id}
+        schema = table.schema().as_arrow()
+        data = to_physical(rows, schema.names, ctx.aliases)
+        for f in schema:
+            if f.name not in data.column_names:
+                data = data.append_column(f.name, pa.nulls(data.num_rows, f.type))
+        table.append(
+            data.select(schema.names).cast(schema),
+            snapshot_properties={ops.SNAP_COMMIT_ID: ctx.commit_id},
+        )
+        return {**src.state, "snapshot_id": table.current_snapshot().snapshot_id}
+
+    def staging_location(self, source: SourceRef, write_id: str) -> str:
+        return f"{load_table(source.config).location().rstrip('/')}/data/spark-{write_id}"
+
+    def adopt_files(
+        self,
+        source: SourceRef,
+        files: Sequence[str],
+        *,
+        replace: bool,
+        commit_id: str,
+        relocation: bool,
+    ) -> dict[str, Any]:
+        from pyiceberg.expressions import AlwaysTrue
+
+        table = load_table(source.config)
+        for snap in lineage_after(table, _snapshot_id(source.name, source.state))[0]:
+            if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == commit_id:
+                return {**source.state, "snapshot_id": snap.snapshot_id}  # a retry
+        props = {ops.SNAP_COMMIT_ID: commit_id}
+        if relocation:
+            props[ops.SNAP_RELOCATION] = "true"
+        with table.transaction() as tx:
+            if replace:
+                tx.delete(AlwaysTrue(), snapshot_properties=props)
+            if files:
+                tx.add_files(list(files), snapshot_properties=props)
+        table.refresh()
+        snap = table.current_snapshot()
+        return {**source.state, "snapshot_id": snap.snapshot_id if snap else None}
+
+    def apply_additive(self, source: SourceRef, changes: Sequence[Additive]) -> None:
+        table = load_table(source.config)
+        names = {f.name for f in table.schema().fields}
+        fields = []
+        for c in changes:
+            phys = next((n for n in c.names if n in names), None)
+            if c.op == "add" and phys is None:
+                fields.append(pa.field(c.names[0], c.type, nullable=True))
+            elif c.op == "widen" and phys is not None:
+                fields.append(pa.field(phys, c.type, nullable=True))
+        if fields:
+            # union_by_name adds missing columns and promotes types (int -> long, float ->
+            # double, decimal precision up), as Iceberg's evolution rules allow.
+            with table.update_schema() as update:
+                update.union_by_name(pa.schema(fields))

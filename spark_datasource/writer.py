@@ -1,82 +1,102 @@
-"""``df.write.format("harness-flight")``: executors write Parquet, the driver commits once.
+"""``df.write.format("harness-flight")``: executors write, the driver commits once.
 
-Targets: a ``files`` source (new files join its list) or an ``iceberg`` source (the driver
-registers the files with one pyiceberg ``add_files``, then makes the harness commit). Option
-``source`` names the target; without it the table must have exactly one such source.
-``mode("overwrite")`` replaces the source's contents in the new version; older versions keep
-their files. A failed task removes its own file and ``abort`` removes every file the write
-made (its whole directory), so a failed write leaves no commit and no orphan files.
+The gateway decides how (``harness.begin_write``), by the target source's kind:
+
+- ``stage`` mode (kinds that adopt files, e.g. ``files`` and ``iceberg``): executors write one
+  Parquet file per task into the write's staging directory, created by the gateway; the driver
+  publishes exactly those files with ``harness.commit_write`` (``mode("overwrite")`` replaces the
+  source's files). A failed task removes its own file, and ``abort`` removes the whole directory,
+  so a failed write leaves no commit and no orphan files.
+- ``upload`` mode (kinds that only append, e.g. ``kafka``, ``postgres``): executors hand their
+  rows to the driver as Arrow IPC, and the driver uploads them with one DoPut (idempotent by the
+  write's commit id). The whole write passes through the driver: keep such writes moderate
+  (option ``max_upload_bytes``, default 1 GiB) or write to a files-adopting source.
+
+Option ``source`` names the target; without it the table must have exactly one writable source.
+Source configs stay in the gateway: no credentials are needed on the driver or executors
+beyond access to the staging location in ``stage`` mode.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from planners.files import filesystem
-from spark_datasource.source import _client
+from spark_datasource.common import client
 
 log = logging.getLogger(__name__)
-WRITABLE = ("files", "iceberg")
+DEFAULT_MAX_UPLOAD_BYTES = 1 << 30
 
 
 @dataclass
-class FilesWritten(WriterCommitMessage):
-    paths: list[str] = field(default_factory=list)  # full paths (URIs for Iceberg)
-    names: list[str] = field(default_factory=list)  # names relative to a files source root
+class Written(WriterCommitMessage):
+    paths: list[str] = field(default_factory=list)  # stage mode: full paths or URIs
+    ipc: bytes = b""  # upload mode: the task's rows as an Arrow IPC stream
     rows: int = 0
+
+
+def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in location:
+        fs, path = pafs.FileSystem.from_uri(location)
+        return fs, path
+    return pafs.LocalFileSystem(), location
 
 
 class HarnessFlightWriter(DataSourceArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
-        from flight_gateway.catalog.config import resolve_config
-
         self.options, self.overwrite = options, overwrite
         self.table = options.get("table") or ""
-        self.write_id = uuid.uuid4().hex
-        with _client(options) as c:
-            desc = c.describe(self.table)
-        candidates = [s for s in desc["sources"] if s["kind"] in WRITABLE]
-        if options.get("source"):
-            candidates = [s for s in candidates if s["name"] == options["source"]]
-        if len(candidates) != 1:
+        if not self.table:
+            raise ValueError("harness-flight needs option 'table'")
+        self.max_upload = int(options.get("max_upload_bytes", DEFAULT_MAX_UPLOAD_BYTES))
+        with client(options) as c:
+            begun = c.begin_write(self.table, options.get("source") or None)
+        self.write_id, self.source, self.mode = begun["write_id"], begun["source"], begun["mode"]
+        self.location = begun.get("location", "")
+        if self.mode == "upload" and overwrite:
             raise ValueError(
-                f"harness-flight write: name a files or iceberg 'source' of table {self.table!r} (candidates: {[s['name'] for s in candidates]})"
+                f"harness-flight: source {self.source!r} only appends; overwrite needs a source "
+                "that adopts files (files, iceberg)"
             )
-        target = candidates[0]
-        self.source, self.kind = target["name"], target["kind"]
-        self.config = resolve_config(target["config"])
-        if self.kind == "files":
-            base = str(self.config.get("root", "")).rstrip("/")
-        else:
-            from planners.iceberg import load_table
-
-            base = load_table(self.config).location().rstrip("/") + "/data"
-        # One directory per write, created here on the driver. Executors only write into it
-        # and never create it, so abort() can remove everything the write made at once, even
-        # files of tasks Spark did not report and of stragglers still running after the abort.
-        self.subdir = f"spark-{self.write_id}"
-        self.directory = f"{base}/{self.subdir}"
-        fs, path = filesystem(self.directory)
-        fs.create_dir(path, recursive=True)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        if self.mode == "upload":
+            return self._buffer(iterator)
+        return self._write_file(iterator)
+
+    def _buffer(self, iterator: Iterator[pa.RecordBatch]) -> Written:
+        sink = pa.BufferOutputStream()
+        writer, rows = None, 0
+        for batch in iterator:
+            if writer is None:
+                writer = pa.ipc.new_stream(sink, batch.schema)
+            writer.write_batch(batch)
+            rows += batch.num_rows
+            if sink.tell() > self.max_upload:
+                raise ValueError(
+                    f"harness-flight: more than max_upload_bytes={self.max_upload} to upload to "
+                    f"{self.source!r}; write to a source that adopts files instead"
+                )
+        if writer is None:
+            return Written()
+        writer.close()
+        return Written(ipc=sink.getvalue().to_pybytes(), rows=rows)
+
+    def _write_file(self, iterator: Iterator[pa.RecordBatch]) -> Written:
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         part = ctx.partitionId() if ctx else 0
-        name = f"part-{part:05d}-{uuid.uuid4().hex[:8]}.parquet"
-        location = f"{self.directory}/{name}"
-        fs, path = filesystem(location)
+        location = f"{self.location}/part-{part:05d}-{uuid.uuid4().hex[:8]}.parquet"
+        fs, path = _filesystem(location)
         rows = 0
         try:
             writer = None
@@ -90,76 +110,38 @@ class HarnessFlightWriter(DataSourceArrowWriter):
                     writer.close()
             if writer is None:  # an empty partition writes nothing
                 fs.delete_file(path)
-                return FilesWritten()
+                return Written()
         except BaseException:
             try:
                 fs.delete_file(path)  # a failed task leaves no partial file behind
             finally:
                 raise
-        return FilesWritten([location], [f"{self.subdir}/{name}"], rows)
+        return Written(paths=[location], rows=rows)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        done = [m for m in messages if isinstance(m, FilesWritten)]
-        paths = [p for m in done for p in m.paths]
-        names = [n for m in done for n in m.names]
+        done = [m for m in messages if isinstance(m, Written)]
         rows = sum(m.rows for m in done)
-        with (
-            _client(self.options) as c,
-            c.lock(
-                self.table,
-                [self.source],
-                owner=f"spark-write-{self.write_id}",
-                ttl_s=300,
-                wait_s=120,
-            ) as lock,
-        ):
-            state = next(s for s in c.describe(self.table)["sources"] if s["name"] == self.source)[
-                "state"
-            ]
-            if self.kind == "files":
-                files = ([] if self.overwrite else list(state.get("files", []))) + names
-                new_state = {**state, "files": files}
-            else:
-                new_state = {**state, "snapshot_id": self._iceberg_commit(paths)}
-            c.commit(
-                self.table,
-                commit_id=f"spark-write:{self.write_id}",
-                lock=lock,
-                updates=[{"source": self.source, "state": new_state}],
-                summary={
-                    "operation": "spark-overwrite" if self.overwrite else "spark-append",
-                    "rows": rows,
-                    "files": len(paths),
-                },
-            )
-        log.info(
-            "harness-flight write %s: %d rows in %d files -> %s",
-            self.write_id,
-            rows,
-            len(paths),
-            self.source,
-        )
-
-    def _iceberg_commit(self, paths: list[str]) -> Any:
-        from pyiceberg.expressions import AlwaysTrue
-
-        from planners.iceberg import load_table
-
-        table = load_table(self.config)
-        props = {"harness.commit-id": f"spark-write:{self.write_id}"}
-        with table.transaction() as tx:
-            if self.overwrite:
-                tx.delete(AlwaysTrue(), snapshot_properties=props)
-            if paths:
-                tx.add_files(paths, snapshot_properties=props)
-        table.refresh()
-        snap = table.current_snapshot()
-        return snap.snapshot_id if snap else None
+        with client(self.options) as c:
+            if self.mode == "stage":
+                files = [p for m in done for p in m.paths]
+                c.commit_write(
+                    self.table,
+                    self.write_id,
+                    files,
+                    source=self.source,
+                    overwrite=self.overwrite,
+                    rows=rows,
+                )
+            elif rows:
+                tables = [pa.ipc.open_stream(m.ipc).read_all() for m in done if m.ipc]
+                data = pa.concat_tables(tables, promote_options="default")
+                c.put(
+                    self.table, data, commit_id=f"spark-write:{self.write_id}", source=self.source
+                )
+        log.info("harness-flight write %s: %d rows -> %s", self.write_id, rows, self.source)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        fs, path = filesystem(self.directory)
-        with contextlib.suppress(FileNotFoundError):
-            fs.delete_dir(path)
-        log.warning(
-            "harness-flight write %s aborted; %s was removed", self.write_id, self.directory
-        )
+        if self.mode == "stage":
+            with client(self.options) as c:
+                c.abort_write(self.table, self.write_id, self.source)
+        log.warning("harness-flight write %s aborted", self.write_id)

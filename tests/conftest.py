@@ -69,3 +69,36 @@ def iceberg(tmp_path: Path) -> IcebergFixture:
 @pytest.fixture
 def ducklake(tmp_path: Path) -> DuckLakeFixture:
     return DuckLakeFixture(tmp_path / "lake")
+
+
+@pytest.fixture(scope="session")
+def jsonl_kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The out-of-tree ``jsonl`` source kind (tests/plugins/harness_jsonl), installed the way a
+    user installs a plugin — ``pip install`` of its package, here into a directory put on the
+    path — and found by the gateway through its entry point, with no edit to the project."""
+    import importlib
+    import subprocess
+    import sys
+
+    target = tmp_path_factory.mktemp("plugins")
+    package = Path(__file__).parent / "plugins" / "harness_jsonl"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(package),
+        ],
+        check=True,
+    )
+    sys.path.insert(0, str(target))
+    importlib.invalidate_caches()
+    try:
+        yield "jsonl"
+    finally:
+        sys.path.remove(str(target))

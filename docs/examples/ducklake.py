@@ -12,7 +12,7 @@ from _env import environment
 
 from pipelines.movers import PostgresToDuckLakeMover
 from planners.ducklake import connect
-from planners.postgres_versioning import enable_versioning, server_now
+from planners.postgres.versioning import enable_versioning, server_now
 
 log = logging.getLogger("ducklake")
 SCHEMA = pa.schema([("id", pa.int64()), ("msg", pa.string())])
@@ -57,7 +57,7 @@ with environment(catalog_in_postgres=True) as probe:  # catalog, lake metadata, 
             },
         ],
     )
-    before = c.describe("logs")["version"]
+    before = c.describe("logs").version
     mover = PostgresToDuckLakeMover(c, "logs", "postgres", "ducklake", owner="basement")
     result = mover.run_once()
     assert sorted(c.read("logs", columns=["id"]).column("id").to_pylist()) == list(range(1, 51))

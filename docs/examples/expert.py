@@ -14,7 +14,7 @@ import pyarrow as pa
 from _env import environment
 
 from pipelines.movers import KafkaToPostgresMover, PostgresToIcebergMover
-from planners.postgres_versioning import enable_versioning, server_now
+from planners.postgres.versioning import enable_versioning, server_now
 
 log = logging.getLogger("expert")
 PARTITIONS = 4

@@ -14,7 +14,7 @@ import pyarrow as pa
 from _env import environment
 
 from pipelines.movers import KafkaToPostgresMover, PostgresToIcebergMover
-from planners.postgres_versioning import enable_versioning, server_now
+from planners.postgres.versioning import enable_versioning, server_now
 
 log = logging.getLogger("medium")
 SCHEMA = pa.schema(
@@ -86,9 +86,7 @@ with environment() as env:
                     {
                         "source": "kafka",
                         "state": {
-                            "low": next(
-                                s for s in c.describe("logs")["sources"] if s["name"] == "kafka"
-                            )["state"]["low"],
+                            "low": c.describe("logs").source("kafka").state["low"],
                             "high": offset,
                         },
                     }

@@ -13,7 +13,7 @@ import threading
 import pyarrow as pa
 from _env import environment
 
-from clients.ingest import KafkaIngester
+from pipelines.ingest import KafkaIngester
 from pipelines.movers import KafkaToIcebergMover
 
 log = logging.getLogger("simple")
@@ -76,7 +76,7 @@ with environment() as env:
             "round %d: %d logs, all exactly once; kafka lows %s",
             round_,
             len(ids),
-            {s["name"]: s["state"].get("low") for s in meta["sources"] if s["kind"] == "kafka"},
+            {s.name: s.state.get("low") for s in meta.sources if s.kind == "kafka"},
         )
     stop.set()
     worker.join()

@@ -149,3 +149,21 @@ class LockGrant:
     owner: str
     fencing_token: int
     expires_at: float
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A lock as the catalog stores it: who holds (or waits for) which sources of which table.
+
+    Lets a server check that whoever renews or releases a lock may write its table and owns it.
+    """
+
+    lock_id: str
+    table: str
+    owner: str
+    sources: tuple[str, ...]
+    #: False while the request waits in the queue.
+    granted: bool
+    fencing_token: int | None
+    #: End of the lease (granted) or of the waiter's heartbeat (queued), epoch seconds.
+    expires_at: float

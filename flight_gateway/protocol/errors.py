@@ -24,6 +24,7 @@ _BY_STATUS: dict[str, type[E.HarnessError]] = {
     "UNAUTHENTICATED": E.Unauthenticated,
     "UNAUTHORIZED": E.Unauthorized,
     "UNAVAILABLE": E.Unavailable,
+    "RESOURCE_EXHAUSTED": E.ResourceExhausted,
 }
 
 

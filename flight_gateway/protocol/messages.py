@@ -25,6 +25,10 @@ ACTIONS: dict[str, str] = {
     "harness.commit": "atomic commit: table, commit_id, lock_id?, fencing_token?, add_sources?, remove_sources?, updates?, external_state?, properties?, summary?",
     "harness.evolve_schema": "schema change as one commit: table, commit_id, changes",
     "harness.expire_versions": "retention: table, keep_last? | before?",
+    "harness.public_key": "the key that verifies direct tasks -> public_key (base64url Ed25519)",
+    "harness.begin_write": "start an engine write: table, source? -> write_id, mode, location?",
+    "harness.commit_write": "publish an engine write: table, write_id, source?, paths, overwrite?, relocation?, rows?, lock_id?",
+    "harness.abort_write": "discard an engine write's files: table, write_id, source?",
 }
 
 
@@ -83,9 +87,22 @@ class ReadRequest:
     sources: tuple[str, ...] | None = None
     #: Only rows added after this version (extension: streaming micro-batches).
     since: int | None = None
+    #: Ask for direct tasks where sources allow them (extension: the data plane).
+    direct: bool = False
 
     _KEYS = frozenset(
-        {"table", "columns", "filter", "version", "as_of", "limit", "dedupe", "sources", "since"}
+        {
+            "table",
+            "columns",
+            "filter",
+            "version",
+            "as_of",
+            "limit",
+            "dedupe",
+            "sources",
+            "since",
+            "direct",
+        }
     )
 
     @classmethod
@@ -107,9 +124,9 @@ class ReadRequest:
         flt = d.get("filter")
         if flt is not None and not isinstance(flt, str):
             raise InvalidArgument("'filter' must be a SQL boolean expression string")
-        dedupe = d.get("dedupe", False)
-        if not isinstance(dedupe, bool):
-            raise InvalidArgument("'dedupe' must be true or false")
+        dedupe, direct = d.get("dedupe", False), d.get("direct", False)
+        if not isinstance(dedupe, bool) or not isinstance(direct, bool):
+            raise InvalidArgument("'dedupe' and 'direct' must be true or false")
         srcs = d.get("sources")
         if srcs is not None and (
             not isinstance(srcs, list) or not all(isinstance(x, str) and x for x in srcs)
@@ -128,6 +145,7 @@ class ReadRequest:
             dedupe=dedupe,
             sources=tuple(srcs) if srcs is not None else None,
             since=_opt_int(d, "since"),
+            direct=direct,
         )
 
     @classmethod
@@ -150,4 +168,6 @@ class ReadRequest:
             d["sources"] = list(self.sources)
         if self.since is not None:
             d["since"] = self.since
+        if self.direct:
+            d["direct"] = True
         return json.dumps(d)

@@ -9,27 +9,35 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.arrow_types import parse_type
-from flight_gateway.catalog import Catalog
-from flight_gateway.catalog.config import resolve_config
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.protocol.messages import parse_timestamp
+from flight_gateway.secrets import REF
+from flight_gateway.server import locks, writes
 from flight_gateway.server.auth import Principal
+from flight_gateway.server.context import Gateway
+from flight_gateway.server.evolve import evolve_schema
+from flight_gateway.server.sources import check_commit
 
-_SECRET_KEY = re.compile(r"(password|passwd|secret|token|credential|private)", re.I)
+# Keys whose values are secrets wherever they appear in a config (``header.Authorization``,
+# ``s3.secret-access-key``, ``sasl.password``, ...); ``key_column`` names a column.
+_SECRET_KEY = re.compile(
+    r"(password|passwd|secret|token|credential|private|auth|signature|session|key(?!_column))",
+    re.I,
+)
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)([^@/\s]+)(@)")
 _DSN_PASSWORD = re.compile(r"(password\s*=\s*)(\S+)", re.I)
 
 
 def redact(value: Any, key: str = "") -> Any:
-    """Hide secrets in source configs shown by describe (``${ENV}`` references stay visible)."""
+    """Hide secrets in source configs shown by describe. A value under a secret-looking key is
+    hidden whatever its type, unless it is only a ``${NAME}`` reference (which is no secret)."""
+    if _SECRET_KEY.search(key) and not (isinstance(value, str) and REF.fullmatch(value)):
+        return "***"
     if isinstance(value, Mapping):
         return {k: redact(v, str(k)) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v, key) for v in value]
     if isinstance(value, str):
-        if _SECRET_KEY.search(key) and not value.startswith("${"):
-            return "***"
         return _DSN_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***\3", value))
     return value
 
@@ -54,13 +62,20 @@ def _schema_specs(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return schema
 
 
-Handler = Callable[[Catalog, Principal, dict[str, Any]], dict[str, Any]]
+def _list(body: Mapping[str, Any], key: str) -> list[Any]:
+    value = body.get(key) or []
+    if not isinstance(value, list):
+        raise InvalidArgument(f"'{key}' must be a list")
+    return value
 
 
-def create_table(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+Handler = Callable[[Gateway, Principal, dict[str, Any]], dict[str, Any]]
+
+
+def create_table(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     table = _table(body)
-    who.require("write", table)
-    res = cat.create_table(
+    who.require("admin", table)
+    res = gw.catalog.create_table(
         table,
         _schema_specs(body),
         partition_by=body.get("partition_by") or (),
@@ -70,21 +85,21 @@ def create_table(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str
     return {"table": table, "version": res.version}
 
 
-def drop_table(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+def drop_table(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     table = _table(body)
-    who.require("write", table)
-    cat.drop_table(table)
+    who.require("admin", table)
+    gw.catalog.drop_table(table)
     return {}
 
 
-def list_tables(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
-    return {"tables": [t for t in cat.list_tables() if who.can("read", t)]}
+def list_tables(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+    return {"tables": [t for t in gw.catalog.list_tables() if who.can("read", t)]}
 
 
-def describe(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+def describe(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     table = _table(body)
     who.require("read", table)
-    snap = cat.describe(
+    snap = gw.catalog.describe(
         table, version=body.get("version"), as_of=parse_timestamp(body.get("as_of"), "as_of")
     )
     out = snap.to_json()
@@ -95,43 +110,28 @@ def describe(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, An
     return out
 
 
-def history(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+def history(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     table = _table(body)
     who.require("read", table)
-    return {"versions": [c.to_json() for c in cat.history(table, limit=body.get("limit"))]}
+    commits = gw.catalog.history(table, limit=body.get("limit"))
+    return {"versions": [c.to_json() for c in commits]}
 
 
-def lock(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+#: Commit fields that change what a table is (not only its sources' states): admin only.
+_ADMIN_FIELDS = ("add_sources", "remove_sources", "schema_changes", "properties")
+
+
+def commit(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     table = _table(body)
-    who.require("write", table)
-    g = cat.lock(
-        table,
-        body.get("sources") or [],
-        owner=str(body.get("owner") or who.name),
-        ttl_s=body.get("ttl_s", 60),
-        wait_s=body.get("wait_s", 0) or 0,
-    )
-    return {
-        "lock_id": g.lock_id,
-        "fencing_token": g.fencing_token,
-        "expires_at": g.expires_at,
-        "sources": list(g.sources),
-    }
-
-
-def renew_lock(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
-    return {"expires_at": cat.renew_lock(str(body.get("lock_id", "")), body.get("ttl_s"))}
-
-
-def unlock(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
-    cat.unlock(str(body.get("lock_id", "")))
-    return {}
-
-
-def commit(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
-    table = _table(body)
-    who.require("write", table)
-    res = cat.commit(
+    who.require("admin" if any(body.get(k) for k in _ADMIN_FIELDS) else "write", table)
+    if body.get("add_sources") or body.get("updates"):
+        check_commit(
+            gw,
+            gw.catalog.describe(table),
+            _list(body, "add_sources"),
+            _list(body, "updates"),
+        )
+    res = gw.catalog.commit(
         table,
         body.get("commit_id"),  # type: ignore[arg-type]  # validated by the catalog
         lock_id=body.get("lock_id"),
@@ -147,52 +147,10 @@ def commit(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]
     return {"version": res.version, "applied": res.applied, "schema_id": res.schema_id}
 
 
-def evolve_schema(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
-    """Validate, apply the additive part to every source with a schema, then commit once."""
-    from flight_gateway.catalog.schema import evolve
-    from flight_gateway.errors import HarnessError, Unavailable
-    from planners.base import SourceRef
-    from planners.ddl import Additive, apply_additive
-
+def expire_versions(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     table = _table(body)
-    who.require("write", table)
-    changes = body.get("changes") or []
-    snap = cat.describe(table)
-    new = evolve(snap.schema, changes, protected=[*snap.partition_by, *snap.primary_key])
-    old_by_id = {f.id: f for f in snap.schema.fields}
-    additive = []
-    for f in new.fields:
-        old = old_by_id.get(f.id)
-        if old is None:
-            additive.append(Additive("add", (f.name,), parse_type(f.type)))
-        elif old.type != f.type:
-            additive.append(Additive("widen", (f.name, *f.aliases), parse_type(f.type)))
-    for s in snap.sources:
-        ref = SourceRef(
-            s.name,
-            s.kind,
-            resolve_config(s.config, where=f"source {s.name!r}"),
-            s.partition,
-            s.state,
-        )
-        try:
-            apply_additive(ref, additive)
-        except HarnessError as e:
-            raise type(e)(
-                f"schema change not applied to source {s.name!r} ({s.kind}): {e}; the harness schema is unchanged"
-            ) from e
-        except Exception as e:
-            raise Unavailable(
-                f"schema change not applied to source {s.name!r} ({s.kind}): {e}; the harness schema is unchanged"
-            ) from e
-    res = cat.evolve_schema(table, body.get("commit_id"), changes)  # type: ignore[arg-type]
-    return {"version": res.version, "schema_id": res.schema_id, "applied": res.applied}
-
-
-def expire_versions(cat: Catalog, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
-    table = _table(body)
-    who.require("write", table)
-    n = cat.expire_versions(
+    who.require("admin", table)
+    n = gw.catalog.expire_versions(
         table, keep_last=body.get("keep_last"), before=parse_timestamp(body.get("before"), "before")
     )
     return {"expired": n}
@@ -204,10 +162,13 @@ HANDLERS: dict[str, Handler] = {
     "harness.list_tables": list_tables,
     "harness.describe": describe,
     "harness.history": history,
-    "harness.lock": lock,
-    "harness.renew_lock": renew_lock,
-    "harness.unlock": unlock,
+    "harness.lock": locks.lock,
+    "harness.renew_lock": locks.renew_lock,
+    "harness.unlock": locks.unlock,
     "harness.commit": commit,
     "harness.evolve_schema": evolve_schema,
     "harness.expire_versions": expire_versions,
+    "harness.begin_write": writes.begin_write,
+    "harness.commit_write": writes.commit_write,
+    "harness.abort_write": writes.abort_write,
 }

@@ -1,4 +1,10 @@
-"""Gateway settings: from CLI flags and an optional JSON/TOML file (``${ENV}`` resolved)."""
+"""Gateway settings: CLI flags and an optional JSON/TOML file (docs/security.md).
+
+The file is the operator's: ``${NAME}`` in it (keys too — token keys are secrets) is resolved
+from the environment, and an unset variable stops the gateway from starting. Source configs, in
+contrast, are written by table writers and may only reference the names ``secrets.allow``
+permits (``flight_gateway.secrets``).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,57 @@ import logging
 import os
 import secrets
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flight_gateway.catalog.config import resolve_config
+from flight_gateway.errors import InvalidArgument
+from flight_gateway.secrets import DEFAULT_ALLOWED, REF
+from flight_gateway.server.reach import ReachPolicy
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one call may cost (INVALID_ARGUMENT beyond them, never an OOM)."""
+
+    max_upload_bytes: int = 1 << 30
+    max_tasks: int = 10_000
+    max_lock_wait_s: float = 300.0
+    max_streams_per_principal: int = 64
+    max_dedupe_rows: int = 20_000_000
+    max_since_versions: int = 100_000
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Limits:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown limits {unknown} (known: {sorted(known)})")
+        return cls(**d)
+
+
+def _resolve_file(value: Any, path: str) -> Any:
+    """``${NAME}`` in the operator's config file, keys included, from the environment."""
+
+    def sub(text: str) -> str:
+        def one(m: Any) -> str:
+            name = m.group(1)
+            if name not in os.environ:
+                raise ValueError(f"config file {path} references ${{{name}}}, which is not set")
+            return os.environ[name]
+
+        return str(REF.sub(one, text))
+
+    if isinstance(value, str):
+        return sub(value)
+    if isinstance(value, Mapping):
+        return {sub(str(k)): _resolve_file(v, path) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_file(v, path) for v in value]
+    return value
 
 
 @dataclass
@@ -23,12 +73,38 @@ class GatewayConfig:
     port: int = 8815
     #: URIs of the replicas clients may fetch endpoints from (default: this server).
     locations: list[str] = field(default_factory=list)
+    #: bearer token -> {"name", "read": [patterns], "write": [...], "admin": [...]}
     tokens: dict[str, Any] = field(default_factory=dict)
     allow_anonymous: bool = False
+    #: What anonymous callers may do when tokens are configured (default: nothing).
+    anonymous: dict[str, Any] = field(default_factory=dict)
     ticket_key: str = ""
     ticket_ttl_s: float = 3600.0
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: CA bundle to verify client certificates (mutual TLS); ``certs`` maps a certificate's
+    #: subject to the same grants as a token.
+    tls_client_ca: str | None = None
+    certs: dict[str, Any] = field(default_factory=dict)
+    #: What source configs may make the gateway touch (paths, hosts, URIs).
+    reach: dict[str, Any] = field(default_factory=dict)
+    #: ``{"allow": [name patterns]}``: ``${NAME}`` references source configs may use.
+    secrets: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for what, value in [
+            ("ticket_key", self.ticket_key),
+            *[("a token", t) for t in self.tokens],
+        ]:
+            if isinstance(value, str) and REF.search(value):
+                raise ValueError(f"{what} is still an unresolved ${{...}} reference")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        self.reach_policy  # noqa: B018 - validates the section at start-up
+        self.limit_values  # noqa: B018
 
     @classmethod
     def load(cls, path: str | None, **overrides: Any) -> GatewayConfig:
@@ -36,12 +112,29 @@ class GatewayConfig:
         if path:
             text = Path(path).read_text()
             data = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
-            data = resolve_config(data, where=f"config file {path}")
+            data = _resolve_file(data, path)
         data.update({k: v for k, v in overrides.items() if v is not None})
         if not data.get("ticket_key"):
             data["ticket_key"] = os.environ.get("HARNESS_TICKET_KEY", "")
-        cfg = cls(**data)
-        return cfg
+        return cls(**data)
+
+    @property
+    def reach_policy(self) -> ReachPolicy:
+        if not self.reach and not self.tokens and self.allow_anonymous:
+            # Local development (anonymous, no tokens, no allow-list): nothing to protect.
+            return ReachPolicy(any=True)
+        try:
+            return ReachPolicy.from_json(self.reach)
+        except (ValueError, TypeError, InvalidArgument) as e:
+            raise ValueError(f"invalid 'reach' section: {e}") from e
+
+    @property
+    def limit_values(self) -> Limits:
+        return Limits.from_json(self.limits)
+
+    @property
+    def secret_names(self) -> tuple[str, ...]:
+        return tuple(self.secrets.get("allow", DEFAULT_ALLOWED))
 
     def ticket_key_bytes(self) -> bytes:
         if not self.ticket_key:

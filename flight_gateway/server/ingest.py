@@ -2,9 +2,10 @@
 
 Descriptor command: ``{"table", "commit_id", "source"?}``. Everything is validated and routed
 before anything is written (unknown or uncastable columns, nulls in non-nullable columns, rows
-that route to no source or to several: INVALID_ARGUMENT). The target sources are locked, each
-kind appends idempotently by commit id (``planners.writers``), and one harness commit publishes
-every new state. Repeating a commit id after a lost reply returns its version and writes nothing.
+that route to no source or to several: INVALID_ARGUMENT). Writable sources are those whose kind
+is ``Appendable``. The target sources are locked, each kind appends idempotently by commit id,
+and one harness commit publishes every new state. Repeating a commit id after a lost reply
+returns its version and writes nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight_gateway.arrow_types import parse_type
-from flight_gateway.catalog import Catalog, SourceSnapshot, TableSnapshot
-from flight_gateway.catalog.config import resolve_config
+from flight_gateway.catalog import SourceSnapshot, TableSnapshot
 from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol import operations as ops
 from flight_gateway.server.auth import Principal
-from planners.base import SourceRef
+from flight_gateway.server.context import Gateway
+from flight_gateway.server.sources import bind
+from planners.kind import Appendable, AppendContext
 from planners.predicates import coerce
+from planners.registry import get_kind
 
 log = logging.getLogger(__name__)
 LOCK_TTL_S = 300.0
@@ -73,56 +77,79 @@ def _matches(source: SourceSnapshot, data: pa.Table, schema: pa.Schema) -> pa.Ar
     return mask
 
 
-def route(snap: TableSnapshot, data: pa.Table, source: str | None) -> dict[str, pa.Table]:
-    from planners.writers import WRITABLE
+def _writable(s: SourceSnapshot) -> bool:
+    return isinstance(get_kind(s.kind), Appendable)
 
-    schema = data.schema
+
+def _route_named(snap: TableSnapshot, data: pa.Table, source: str) -> dict[str, pa.Table]:
+    target = snap.source(source)
+    if not _writable(target):
+        raise InvalidArgument(f"source {source!r} ({target.kind}) does not accept appends")
+    mask = _matches(target, data, data.schema)
+    bad = data.num_rows - pc.sum(mask).as_py() if data.num_rows else 0
+    if bad:
+        raise InvalidArgument(
+            f"{bad} row(s) do not match the partition {dict(target.partition)} of source {source!r}"
+        )
+    return {source: data}
+
+
+def route(snap: TableSnapshot, data: pa.Table, source: str | None) -> dict[str, pa.Table]:
+    """Rows per target source: the named one, the only writable one, or by partition values."""
     if source is not None:
-        target = snap.source(source)
-        if target.kind not in WRITABLE:
-            raise InvalidArgument(
-                f"source {source!r} ({target.kind}) is not writable (writable kinds: {list(WRITABLE)})"
-            )
-        mask = _matches(target, data, schema)
-        bad = data.num_rows - pc.sum(mask).as_py() if data.num_rows else 0
-        if bad:
-            raise InvalidArgument(
-                f"{bad} row(s) do not match the partition {dict(target.partition)} of source {source!r}"
-            )
-        return {source: data}
-    writable = [s for s in snap.sources if s.kind in WRITABLE]
+        return _route_named(snap, data, source)
+    writable = [s for s in snap.sources if _writable(s)]
     if not snap.partition_by:
         if len(writable) != 1:
             raise InvalidArgument(
-                f"table {snap.table!r} has {len(writable)} writable sources and no partition_by: name a 'source'"
+                f"table {snap.table!r} has {len(writable)} writable sources and no partition_by: "
+                "name a 'source'"
             )
         return {writable[0].name: data}
-    masks = {s.name: _matches(s, data, schema) for s in writable if s.partition}
+    masks = {s.name: _matches(s, data, data.schema) for s in writable if s.partition}
+    if not masks:
+        raise InvalidArgument(f"table {snap.table!r} has no writable source with partition values")
     counts = None
     for m in masks.values():
         as_int = pc.cast(m, pa.int8())
         counts = as_int if counts is None else pc.add(counts, as_int)
-    if counts is None:
-        raise InvalidArgument(f"table {snap.table!r} has no writable source with partition values")
     nowhere = pc.sum(pc.equal(counts, 0)).as_py() or 0
-    ambiguous = pc.sum(pc.greater(counts, 1)).as_py() or 0
     if nowhere:
         first = (
             data.filter(pc.equal(counts, 0)).select(list(snap.partition_by)).slice(0, 1).to_pylist()
         )
         raise InvalidArgument(
-            f"{nowhere} row(s) route to no writable source (e.g. {first[0]}); add a source for that partition or name one"
+            f"{nowhere} row(s) route to no writable source (e.g. {first[0]}); add a source for "
+            "that partition or name one"
         )
-    if ambiguous:
-        raise InvalidArgument(f"{ambiguous} row(s) match several writable sources; name a 'source'")
+    if pc.sum(pc.greater(counts, 1)).as_py():
+        raise InvalidArgument("some rows match several writable sources; name a 'source'")
     return {name: data.filter(m) for name, m in masks.items() if pc.any(m).as_py()}
 
 
-def do_put(
-    catalog: Catalog, who: Principal, command: Mapping[str, Any], data: pa.Table
-) -> dict[str, Any]:
-    from planners import writers
+def authorize(who: Principal, command: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    """Check the descriptor and the caller's write permission before any data is read."""
+    table, commit_id, source = _command(command)
+    who.require("write", table)
+    return table, commit_id, source
 
+
+def read_upload(reader: Any, max_bytes: int) -> pa.Table:
+    """The uploaded batches, refused as soon as they exceed ``max_bytes``."""
+    batches, total = [], 0
+    for chunk in reader:
+        batch = chunk.data
+        total += batch.nbytes
+        if total > max_bytes:
+            raise InvalidArgument(
+                f"upload is larger than {max_bytes} bytes (limits.max_upload_bytes); "
+                "split it into several DoPut calls"
+            )
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def _command(command: Mapping[str, Any]) -> tuple[str, str, str | None]:
     table, commit_id, source = command.get("table"), command.get("commit_id"), command.get("source")
     if not isinstance(table, str) or not table:
         raise InvalidArgument("DoPut descriptor needs 'table'")
@@ -130,7 +157,54 @@ def do_put(
         raise InvalidArgument("DoPut descriptor needs 'commit_id' (it makes retries safe)")
     if source is not None and not isinstance(source, str):
         raise InvalidArgument("'source' must be a source name")
-    who.require("write", table)
+    return table, commit_id, source
+
+
+class _Appender:
+    """Appends the routed parts under one lock and publishes them in one commit."""
+
+    def __init__(self, gw: Gateway, table: str, commit_id: str, lock_id: str) -> None:
+        self.gw, self.catalog = gw, gw.catalog
+        self.table, self.commit_id, self.lock_id = table, commit_id, lock_id
+        self.markers: dict[str, Any] = {}
+
+    def _intent(self, snap: TableSnapshot, source: str) -> tuple[Any, Any]:
+        """(the marker an earlier try of this commit left, a function recording a new one)."""
+        key = f"harness.doput.{source}"
+        marker = snap.external_state.get(key) or {}
+        earlier = marker.get("intent") if marker.get("commit_id") == self.commit_id else None
+
+        def record(intent: Mapping[str, Any]) -> None:
+            self.catalog.commit(
+                self.table,
+                f"{self.commit_id}:intent:{source}",
+                lock_id=self.lock_id,
+                external_state={key: {"commit_id": self.commit_id, "intent": dict(intent)}},
+                summary={ops.OPERATION: ops.DOPUT_INTENT},
+            )
+            self.markers[key] = None  # cleared by the final commit
+
+        if earlier is not None:
+            self.markers[key] = None
+        return earlier, record
+
+    def append(self, snap: TableSnapshot, parts: Mapping[str, pa.Table]) -> list[dict[str, Any]]:
+        aliases = {f.name: f.aliases for f in snap.schema.fields}
+        updates = []
+        for name, part in parts.items():
+            kind, ref = bind(self.gw, snap, name)
+            assert isinstance(kind, Appendable)
+            intent, record = self._intent(snap, name)
+            ctx = AppendContext(ref, self.commit_id, aliases, intent, record, self.table)
+            updates.append({"source": name, "state": kind.append(ctx, part)})
+        return updates
+
+
+def do_put(
+    gw: Gateway, who: Principal, command: Mapping[str, Any], data: pa.Table
+) -> dict[str, Any]:
+    table, commit_id, source = authorize(who, command)
+    catalog = gw.catalog
     done = catalog.find_commit(table, commit_id)
     if done is not None:
         return {"version": done, "applied": False, "rows": 0}
@@ -147,47 +221,15 @@ def do_put(
         if done is not None:
             return {"version": done, "applied": False, "rows": 0}
         snap = catalog.describe(table)  # fresh states under the lock
-        aliases = {f.name: f.aliases for f in snap.schema.fields}
-        updates: list[dict[str, Any]] = []
-        markers: dict[str, Any] = {}
-        for name, part in parts.items():
-            s = snap.source(name)
-            ref = SourceRef(
-                s.name,
-                s.kind,
-                resolve_config(s.config, where=f"source {s.name!r}"),
-                s.partition,
-                s.state,
-            )
-            if s.kind == "files":
-                state = writers.append_files(ref, part, commit_id)
-            elif s.kind == "iceberg":
-                state = writers.append_iceberg(ref, part, commit_id, aliases)
-            elif s.kind == "postgres":
-                state = writers.append_postgres(ref, part, commit_id, aliases)
-            else:
-                key = f"harness.doput.{name}"
-                marker = snap.external_state.get(key) or {}
-                retry = marker.get("commit_id") == commit_id
-                start = int(marker["start"]) if retry else int(s.state.get("high", 0))
-                if not retry:  # record where this commit starts, so a retry can look there
-                    catalog.commit(
-                        table,
-                        f"{commit_id}:intent:{name}",
-                        lock_id=grant.lock_id,
-                        external_state={key: {"commit_id": commit_id, "start": start}},
-                        summary={"operation": "doput-intent"},
-                    )
-                state = writers.append_kafka(ref, part, commit_id, start, retry=retry)
-                markers[key] = None
-            updates.append({"source": name, "state": state})
+        appender = _Appender(gw, table, commit_id, grant.lock_id)
+        updates = appender.append(snap, parts)
         res = catalog.commit(
             table,
             commit_id,
             lock_id=grant.lock_id,
             updates=updates,
-            external_state=markers or None,
-            summary={"operation": "doput", "rows": rows.num_rows, "sources": sorted(parts)},
+            external_state=appender.markers or None,
+            summary={ops.OPERATION: ops.DOPUT, "rows": rows.num_rows, "sources": sorted(parts)},
         )
     finally:
         catalog.unlock(grant.lock_id)

@@ -1,89 +1,107 @@
-"""The Arrow Flight server of the harness."""
+"""The Arrow Flight server of the harness: Flight calls in, handlers out."""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+import threading
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
-from sqlalchemy.exc import OperationalError
 
 from flight_gateway.catalog import Catalog
-from flight_gateway.errors import HarnessError, InvalidArgument, Unavailable
-from flight_gateway.protocol import ACTIONS, ReadRequest, TicketSigner, decode_json, to_flight_error
+from flight_gateway.errors import InvalidArgument, ResourceExhausted
+from flight_gateway.protocol import ACTIONS, ReadRequest, TicketSigner, decode_json
+from flight_gateway.protocol.direct import DirectSigner
+from flight_gateway.secrets import ScrubFilter, SecretResolver
+from flight_gateway.server import ingest
 from flight_gateway.server.actions import HANDLERS
 from flight_gateway.server.auth import BearerAuthFactory, TokenStore, principal_of
 from flight_gateway.server.config import GatewayConfig
+from flight_gateway.server.context import Gateway
+from flight_gateway.server.errors import flight_errors, stream_errors
 from flight_gateway.server.read import ReadService, arrow_schema
 
 log = logging.getLogger(__name__)
-F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _flight_errors(fn: F) -> F:
-    """Map harness errors to Flight status codes; never let an unexpected error kill a call
-    without a clear message (the server itself keeps serving either way)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except HarnessError as e:
-            log.info("%s: %s: %s", fn.__name__, type(e).__name__, e)
-            raise to_flight_error(e) from e
-        except OperationalError as e:
-            log.warning("%s: catalog unavailable: %s", fn.__name__, e)
-            raise to_flight_error(Unavailable(f"harness catalog unavailable: {e.orig}")) from e
-        except (NotImplementedError, fl.FlightError, pa.ArrowException):
-            raise
-        except Exception as e:
-            log.exception("%s failed", fn.__name__)
-            raise fl.FlightInternalError(f"internal error: {type(e).__name__}: {e}") from e
-
-    return wrapper  # type: ignore[return-value]
+def _install_scrub_filter() -> None:
+    """Secret values never reach a log line, whoever logs them (handlers, libraries)."""
+    root = logging.getLogger()
+    if not any(isinstance(f, ScrubFilter) for f in root.filters):
+        root.addFilter(ScrubFilter())
+    for handler in root.handlers:
+        if not any(isinstance(f, ScrubFilter) for f in handler.filters):
+            handler.addFilter(ScrubFilter())
 
 
-def _stream_errors(reader: pa.RecordBatchReader) -> pa.RecordBatchReader:
-    """Errors raised while streaming still reach the client as a failed stream with a clear
-    message, never as a stream that ends early looking complete."""
+class StreamSlots:
+    """Concurrent DoGet streams per principal, bounded."""
 
-    def gen() -> Iterator[pa.RecordBatch]:
-        try:
-            yield from reader
-        except HarnessError as e:
-            raise to_flight_error(e) from e
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
 
-    return pa.RecordBatchReader.from_batches(reader.schema, gen())
+    def acquire(self, name: str) -> None:
+        with self._lock:
+            if self._open.get(name, 0) >= self.limit:
+                raise ResourceExhausted(
+                    f"{name!r} has {self.limit} streams open (limits.max_streams_per_principal)"
+                )
+            self._open[name] = self._open.get(name, 0) + 1
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            self._open[name] = max(0, self._open.get(name, 0) - 1)
+
+
+def _tls(config: GatewayConfig) -> tuple[list[fl.CertKeyPair], bytes | None]:
+    if not config.tls_cert:
+        return [], None
+    with open(config.tls_cert, "rb") as c, open(config.tls_key or "", "rb") as k:
+        certs = [fl.CertKeyPair(c.read(), k.read())]
+    if not config.tls_client_ca:
+        return certs, None
+    with open(config.tls_client_ca, "rb") as ca:
+        return certs, ca.read()
 
 
 class HarnessFlightServer(fl.FlightServerBase):
     def __init__(self, catalog: Catalog, config: GatewayConfig) -> None:
-        tls = bool(config.tls_cert and config.tls_key)
-        scheme = "grpc+tls" if tls else "grpc"
-        certs = []
-        if tls:
-            with open(config.tls_cert or "", "rb") as c, open(config.tls_key or "", "rb") as k:
-                certs = [fl.CertKeyPair(c.read(), k.read())]
-        store = TokenStore.from_config(config.tokens, config.allow_anonymous)
+        certs, client_ca = _tls(config)
+        self.scheme = "grpc+tls" if certs else "grpc"
+        store = TokenStore.from_config(
+            config.tokens, config.allow_anonymous, config.anonymous, config.certs
+        )
         super().__init__(
-            f"{scheme}://{config.host}:{config.port}",
+            f"{self.scheme}://{config.host}:{config.port}",
             middleware={"auth": BearerAuthFactory(store)},
             tls_certificates=certs,
+            verify_client=client_ca is not None,
+            root_certificates=client_ca,
         )
+        _install_scrub_filter()
         self.catalog = catalog
         self.config = config
+        self.gw = Gateway(
+            catalog, SecretResolver(config.secret_names), config.reach_policy, config.limit_values
+        )
+        self.slots = StreamSlots(self.gw.limits.max_streams_per_principal)
         # Empty locations mean "this same server" to Flight clients; replicas list each other.
         self.locations = [fl.Location(u) for u in config.locations]
+        key = config.ticket_key_bytes()
         self.reads = ReadService(
-            catalog, TicketSigner(config.ticket_key_bytes(), config.ticket_ttl_s)
+            self.gw,
+            TicketSigner(key, config.ticket_ttl_s),
+            direct=DirectSigner(key, config.ticket_ttl_s),
         )
+        if not self.gw.reach.any and not config.reach:
+            log.warning("no 'reach' allow-list configured: sources can reach nothing")
         log.info(
             "harness gateway on %s://%s:%d (catalog %s)",
-            scheme,
+            self.scheme,
             config.host,
             self.port,
             catalog.engine.url.render_as_string(hide_password=True),
@@ -91,8 +109,7 @@ class HarnessFlightServer(fl.FlightServerBase):
 
     @property
     def uri(self) -> str:
-        scheme = "grpc+tls" if self.config.tls_cert else "grpc"
-        return f"{scheme}://{self.config.host}:{self.port}"
+        return f"{self.scheme}://{self.config.host}:{self.port}"
 
     @staticmethod
     def _request(descriptor: fl.FlightDescriptor) -> ReadRequest:
@@ -102,18 +119,20 @@ class HarnessFlightServer(fl.FlightServerBase):
             return ReadRequest.from_json(descriptor.command)
         raise InvalidArgument("descriptor must be a path (table name) or a JSON command")
 
-    @_flight_errors
+    @flight_errors
     def get_flight_info(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.FlightInfo:
         req = self._request(descriptor)
-        principal_of(context).require("read", req.table)
-        planned = self.reads.plan(req)
+        principal = principal_of(context)
+        principal.require("read", req.table)
+        planned = self.reads.plan(req, principal.name)
         endpoints = [
             fl.FlightEndpoint(
                 e.ticket,
                 self.locations,
                 expiration_time=pa.scalar(int(e.expires_at * 1e9), pa.timestamp("ns", tz="UTC")),
+                app_metadata=e.app_metadata(),
             )
             for e in planned.endpoints
         ]
@@ -121,7 +140,7 @@ class HarnessFlightServer(fl.FlightServerBase):
             planned.schema, descriptor, endpoints, -1, -1, app_metadata=planned.app_metadata()
         )
 
-    @_flight_errors
+    @flight_errors
     def get_schema(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.SchemaResult:
@@ -130,13 +149,22 @@ class HarnessFlightServer(fl.FlightServerBase):
         _, schema = self.reads.schema_for(req)
         return fl.SchemaResult(schema)
 
-    @_flight_errors
+    @flight_errors
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
-        payload = self.reads.signer.verify(ticket.ticket)
-        principal_of(context).require("read", payload["table"])
-        return fl.RecordBatchStream(_stream_errors(self.reads.open(payload)))
+        principal = principal_of(context)
+        payload = self.reads.verify(ticket.ticket, principal.name)
+        principal.require("read", payload.table)
+        self.slots.acquire(principal.name)
+        try:
+            reader = self.reads.open(payload)
+        except BaseException:
+            self.slots.release(principal.name)
+            raise
+        return fl.RecordBatchStream(
+            stream_errors(reader, on_close=lambda: self.slots.release(principal.name))
+        )
 
-    @_flight_errors
+    @flight_errors
     def list_flights(
         self, context: fl.ServerCallContext, criteria: bytes
     ) -> Iterator[fl.FlightInfo]:
@@ -164,18 +192,22 @@ class HarnessFlightServer(fl.FlightServerBase):
     def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
         return list(ACTIONS.items())
 
-    @_flight_errors
+    @flight_errors
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[fl.Result]:
+        if action.type == "harness.public_key":  # no table, no secret: anyone authenticated
+            principal_of(context)
+            key = json.dumps({"public_key": self.reads.direct.public_key}).encode()
+            return iter([fl.Result(key)])
         handler = HANDLERS.get(action.type)
         if handler is None:
             raise NotImplementedError(f"unknown action {action.type!r}")
         body = decode_json(
             action.body.to_pybytes() if action.body else b"", f"body of {action.type}"
         )
-        result = handler(self.catalog, principal_of(context), body)
+        result = handler(self.gw, principal_of(context), body)
         return iter([fl.Result(json.dumps(result).encode())])
 
-    @_flight_errors
+    @flight_errors
     def do_put(
         self,
         context: fl.ServerCallContext,
@@ -183,13 +215,14 @@ class HarnessFlightServer(fl.FlightServerBase):
         reader: fl.MetadataRecordBatchReader,
         writer: fl.FlightMetadataWriter,
     ) -> None:
-        from flight_gateway.server.ingest import do_put
-
         if descriptor.descriptor_type != fl.DescriptorType.CMD:
             raise InvalidArgument(
                 'DoPut needs a command descriptor {"table", "commit_id", "source"?}'
             )
         command = decode_json(descriptor.command, "DoPut descriptor")
-        data = reader.read_all()  # validated and routed whole, before anything is written
-        result = do_put(self.catalog, principal_of(context), command, data)
+        principal = principal_of(context)
+        ingest.authorize(principal, command)  # before a single byte of data is read
+        # Validated and routed whole, before anything is written; bounded in size.
+        data = ingest.read_upload(reader, self.gw.limits.max_upload_bytes)
+        result = ingest.do_put(self.gw, principal, command, data)
         writer.write(pa.py_buffer(json.dumps(result).encode()))

@@ -2,11 +2,12 @@
 
 from planners.predicates.arrow import to_arrow
 from planners.predicates.ast import Expr, columns, conjoin, conjuncts, rename
-from planners.predicates.parse import coerce, parse_filter
+from planners.predicates.parse import MAX_FILTER_DEPTH, coerce, parse_filter
 from planners.predicates.prune import can_match
 from planners.predicates.sql import quote_ident, to_sql
 
 __all__ = [
+    "MAX_FILTER_DEPTH",
     "Expr",
     "can_match",
     "coerce",

@@ -11,15 +11,56 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from planners.predicates.ast import And, Between, Cmp, Const, Expr, In, IsNull, Not, Or, StartsWith
+from planners.predicates.ast import (
+    And,
+    Between,
+    Cmp,
+    Const,
+    Expr,
+    In,
+    IsNull,
+    Not,
+    Or,
+    StartsWith,
+    fold_pairwise,
+)
 
 _NULL_BOOL = pc.scalar(pa.scalar(None, pa.bool_()))
 
 
 def _lit(value: Any, ftype: pa.DataType | None) -> pc.Expression:
+    """The literal typed like its column when that loses nothing (so Parquet statistics prune
+    without a cast), else in its own type: the parser gives values of the harness column type,
+    but a file may store a narrower type (float32 under a double column, int32 under int64),
+    and ``pa.scalar(0.1, float32)`` would silently compare with 0.1f instead of 0.1."""
     if ftype is not None and value is not None:
-        return pc.scalar(pa.scalar(value, ftype))
+        try:
+            typed = pa.scalar(value, ftype)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
+            typed = None
+        if typed is not None and typed.as_py() == value:
+            return pc.scalar(typed)
     return pc.scalar(value)
+
+
+def _member(f: pc.Expression, values: list[Any], ftype: pa.DataType | None) -> pc.Expression:
+    """``f IN (values)`` for non-null values, with SQL's equality."""
+    if not values:
+        return pc.scalar(False)
+    try:
+        value_set = pa.array(values, type=ftype)
+        exact = value_set.to_pylist() == values
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
+        exact = False
+    if not exact:  # the column's type cannot hold them (a narrower type in a file)
+        return fold_pairwise([f == _lit(v, ftype) for v in values], lambda a, b: a | b)
+    if not any(isinstance(v, float) and v == 0 for v in values):
+        return pc.is_in(f, value_set=value_set)
+    # is_in matches floats by hash, so 0.0 never finds -0.0 (equal in SQL), and pyarrow 26
+    # skips Parquet row groups of zeros (statistics min -0.0, max 0.0) for is_in: compare.
+    rest = [v for v in values if v != 0]
+    zero = f == _lit(0.0, ftype)
+    return zero if not rest else pc.is_in(f, value_set=pa.array(rest, type=ftype)) | zero
 
 
 def to_arrow(expr: Expr, schema: pa.Schema | None = None) -> pc.Expression:
@@ -46,8 +87,7 @@ def to_arrow(expr: Expr, schema: pa.Schema | None = None) -> pc.Expression:
         if isinstance(e, In):
             f = pc.field(e.column)
             present = [v for v in e.values if v is not None]
-            t = ftype(e.column)
-            hit = pc.is_in(f, value_set=pa.array(present, type=t)) if present else pc.scalar(False)
+            hit = _member(f, present, ftype(e.column))
             if len(present) < len(e.values):
                 # x IN (.., NULL) is TRUE on a match and NULL otherwise.
                 hit = pc.if_else(hit, pc.scalar(True), _NULL_BOOL)
@@ -64,15 +104,9 @@ def to_arrow(expr: Expr, schema: pa.Schema | None = None) -> pc.Expression:
         if isinstance(e, StartsWith):
             return pc.starts_with(pc.field(e.column), pattern=e.prefix)
         if isinstance(e, And):
-            out = go(e.items[0])
-            for item in e.items[1:]:
-                out = out & go(item)
-            return out
+            return fold_pairwise([go(i) for i in e.items], lambda a, b: a & b)
         if isinstance(e, Or):
-            out = go(e.items[0])
-            for item in e.items[1:]:
-                out = out | go(item)
-            return out
+            return fold_pairwise([go(i) for i in e.items], lambda a, b: a | b)
         if isinstance(e, Not):
             return ~go(e.item)
         if isinstance(e, Const):

@@ -7,9 +7,11 @@ datetime, or None for SQL NULL).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
 FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
@@ -108,3 +110,13 @@ def conjoin(items: list[Expr]) -> Expr | None:
     if not items:
         return None
     return items[0] if len(items) == 1 else And(tuple(items))
+
+
+def fold_pairwise(items: Sequence[T], combine: Callable[[T, T], T]) -> T:
+    """Combine ``items`` pairwise into a balanced tree, depth log2(n) rather than n: pyarrow and
+    pyiceberg walk expressions recursively, and a generated chain may hold thousands of terms."""
+    level = list(items)
+    while len(level) > 1:
+        paired = [combine(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        level = paired + ([level[-1]] if len(level) % 2 else [])
+    return level[0]

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from planners.predicates.ast import And, Between, Cmp, Const, Expr, In, IsNull, Not, Or, StartsWith
+from planners.predicates.ast import (
+    And,
+    Between,
+    Cmp,
+    Const,
+    Expr,
+    In,
+    IsNull,
+    Not,
+    Or,
+    StartsWith,
+    fold_pairwise,
+)
 
 
 def to_iceberg(expr: Expr | None) -> Any:
@@ -24,10 +36,10 @@ def to_iceberg(expr: Expr | None) -> Any:
             return go(e.item, not negated)
         if isinstance(e, And):
             parts = [go(i, negated) for i in e.items]
-            return _fold(ie.Or if negated else ie.And, parts)
+            return fold_pairwise(parts, ie.Or if negated else ie.And)
         if isinstance(e, Or):
             parts = [go(i, negated) for i in e.items]
-            return _fold(ie.And if negated else ie.Or, parts)
+            return fold_pairwise(parts, ie.And if negated else ie.Or)
         if isinstance(e, Const):
             return ie.AlwaysTrue() if e.value != negated else ie.AlwaysFalse()
         if isinstance(e, IsNull):
@@ -78,10 +90,3 @@ def to_iceberg(expr: Expr | None) -> Any:
     if expr is None:
         return ie.AlwaysTrue()
     return go(expr, False)
-
-
-def _fold(cls: Any, parts: list[Any]) -> Any:
-    out = parts[0]
-    for p in parts[1:]:
-        out = cls(out, p)
-    return out

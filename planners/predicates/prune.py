@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from planners.predicates.ast import And, Between, Cmp, Const, Expr, In, IsNull, Not, Or, StartsWith
-from planners.predicates.parse import coerce
+from planners.predicates.literals import coerce
 
 
 class _Unknown:

@@ -12,19 +12,22 @@ from flight_gateway.catalog import Catalog
 def commit_many(url: str, table: str, source: str, n: int) -> list[int]:
     """Commit ``n`` state updates to one source; returns the versions produced."""
     cat = Catalog(url)
-    out = []
     try:
-        for i in range(n):
-            res = cat.commit(
-                table,
-                f"{source}-{i}",
-                updates=[
-                    {"source": source, "state": {"high": i + 1}, "expect_state_version": i + 1}
-                ],
-            )
-            out.append(res.version)
+        return commit_many_with(cat, table, source, n)
     finally:
         cat.close()
+
+
+def commit_many_with(cat: Catalog, table: str, source: str, n: int) -> list[int]:
+    """``commit_many`` through a catalog the caller shares with other threads."""
+    out = []
+    for i in range(n):
+        res = cat.commit(
+            table,
+            f"{source}-{i}",
+            updates=[{"source": source, "state": {"high": i + 1}, "expect_state_version": i + 1}],
+        )
+        out.append(res.version)
     return out
 
 

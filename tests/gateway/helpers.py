@@ -100,7 +100,7 @@ def versioned_table(
 
     import psycopg
 
-    from planners.postgres_versioning import enable_versioning, server_now
+    from planners.postgres.versioning import enable_versioning, server_now
 
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as conn:

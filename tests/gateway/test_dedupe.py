@@ -13,7 +13,7 @@ import pytest
 
 from clients import HarnessClient
 from pipelines.movers import KafkaToPostgresMover, PostgresToIcebergMover
-from planners.postgres_versioning import enable_versioning, server_now
+from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import IcebergFixture
 from tests.gateway.kafka_helpers import new_topic, produce
 
@@ -205,9 +205,7 @@ def test_dedupe_exact_while_movers_run(
         )
         produced.extend((o, k, s, d) for o, (k, s, d) in zip(offs, rows, strict=True))
         with client.lock("t", ["k0"], owner="ingester", ttl_s=30, wait_s=30) as lock:
-            low = next(s for s in client.describe("t")["sources"] if s["name"] == "k0")["state"][
-                "low"
-            ]
+            low = client.describe("t").source("k0").state["low"]
             client.commit(
                 "t",
                 lock=lock,
@@ -222,9 +220,7 @@ def test_dedupe_exact_while_movers_run(
     def reader() -> None:
         info = client.flight_info("t", dedupe=True)
         v = client.pinned_version(info)
-        high = next(s for s in client.describe("t", version=v)["sources"] if s["name"] == "k0")[
-            "state"
-        ]["high"]
+        high = client.describe("t", version=v).source("k0").state["high"]
         latest: dict[int, tuple[int, bool]] = {}
         for off, key, s, deleted in list(produced):
             if off < high and (key not in latest or s > latest[key][0]):

@@ -11,7 +11,7 @@ import pytest
 
 from clients import HarnessClient
 from flight_gateway.errors import InvalidArgument
-from planners.postgres_versioning import enable_versioning, server_now
+from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import IcebergFixture
 from tests.gateway.kafka_helpers import new_topic
 
@@ -93,10 +93,10 @@ def counts(client: HarnessClient) -> dict[str, int]:
 def test_put_routes_to_every_kind_and_repeats_apply_once(
     client: HarnessClient, routed: dict
 ) -> None:
-    before = client.describe("t")["version"]
+    before = client.describe("t").version
     res = client.put("t", batch(0, 40), commit_id="upload-1")
     assert res["applied"] and res["rows"] == 40
-    assert client.describe("t")["version"] == res["version"] > before
+    assert client.describe("t").version == res["version"] > before
     assert counts(client) == {r: 10 for r in REGIONS}
     again = client.put("t", batch(0, 40), commit_id="upload-1")  # the reply was lost: retry
     assert not again["applied"] and again["version"] == res["version"]

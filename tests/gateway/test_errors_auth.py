@@ -121,7 +121,7 @@ def test_action_errors_map_to_codes(table: HarnessClient) -> None:
         table.create_table("t", SCHEMA)
     with pytest.raises(InvalidArgument, match="unknown Arrow type"):
         table.create_table("u", [{"name": "a", "type": "int99"}])
-    version = table.describe("t")["version"]
+    version = table.describe("t").version
     with pytest.raises(Conflict, match="expected 5"):
         table.commit(
             "t", updates=[{"source": "f", "state": {"files": []}, "expect_state_version": 5}]
@@ -130,31 +130,59 @@ def test_action_errors_map_to_codes(table: HarnessClient) -> None:
     time.sleep(0.4)
     with pytest.raises(LockExpired):
         table.commit("t", lock=lock, updates=[{"source": "f", "state": {"files": []}}])
-    assert table.describe("t")["version"] == version
+    assert table.describe("t").version == version
     with pytest.raises(NotImplementedError):
         table.action("harness.no_such_action")
     with pytest.raises(pa.ArrowNotImplementedError):
         table.action("harness.no_such_action")
 
 
-def test_describe_redacts_secrets(table: HarnessClient) -> None:
+def test_describe_redacts_secrets(table: HarnessClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_SECRET_TOKEN", "s3cr3t-value")
     table.add_source(
-        "t",
-        "pg",
-        "files",
-        config={"dsn": "postgresql://u:hunter2@db/x", "password": "hunter2", "token": "${TOKEN}"},
+        "t", "pg", "postgres", config={"dsn": "postgresql://u:hunter2@db/x", "table": "x"}
     )
-    cfg = next(s for s in table.describe("t")["sources"] if s["name"] == "pg")["config"]
-    assert "hunter2" not in json.dumps(cfg) and cfg["token"] == "${TOKEN}"
+    table.add_source("t", "up", "flight", config={"location": "grpc://h:1", "token": "hunter2"})
+    table.add_source(
+        "t", "up2", "flight", config={"location": "grpc://h:1", "token": "${HARNESS_SECRET_TOKEN}"}
+    )
+    info = table.describe("t")
+    shown = json.dumps([dict(s.config) for s in info.sources])
+    assert "hunter2" not in shown and "s3cr3t-value" not in shown
+    assert info.source("up2").config["token"] == "${HARNESS_SECRET_TOKEN}"
+
+
+def test_bad_source_config_is_rejected_at_commit(table: HarnessClient) -> None:
+    version = table.describe("t").version
+    with pytest.raises(InvalidArgument, match="unknown config key"):
+        table.add_source("t", "f", "files", config={"roots": "/tmp"})
+    with pytest.raises(InvalidArgument, match="'partition' must be an integer"):
+        table.add_source(
+            "t", "k", "kafka", config={"bootstrap_servers": "x", "topic": "t", "partition": "0"}
+        )
+    with pytest.raises(InvalidArgument, match="low <= high"):
+        table.add_source(
+            "t",
+            "k",
+            "kafka",
+            config={"bootstrap_servers": "x", "topic": "t", "partition": 0},
+            state={"low": 5, "high": 1},
+        )
+    with pytest.raises(InvalidArgument, match="unknown source kind"):
+        table.add_source("t", "z", "zzz")
+    assert table.describe("t").version == version
 
 
 def test_bearer_auth(tmp_path: Path) -> None:
     tokens = {
         "reader-token": {"name": "reader", "read": ["*"]},
-        "writer-token": {"name": "writer", "read": ["*"], "write": ["t*"]},
+        "writer-token": {"name": "writer", "read": ["*"], "write": ["t*"], "admin": ["t*"]},
     }
     with running_gateway(
-        f"sqlite:///{tmp_path / 'c.db'}", allow_anonymous=False, tokens=tokens
+        f"sqlite:///{tmp_path / 'c.db'}",
+        allow_anonymous=False,
+        tokens=tokens,
+        reach={"paths": [str(tmp_path)]},
     ) as (server, _):
         anon, bad = client_for(server), client_for(server, token="wrong")
         reader, writer = (
@@ -167,7 +195,7 @@ def test_bearer_auth(tmp_path: Path) -> None:
             with pytest.raises(Unauthenticated):
                 c.read("t")
         writer.create_table("t", SCHEMA)
-        with pytest.raises(Unauthorized, match="'reader' may not write"):
+        with pytest.raises(Unauthorized, match="'reader' may not admin"):
             reader.create_table("t2", SCHEMA)
         with pytest.raises(Unauthorized):
             writer.create_table("other", SCHEMA)

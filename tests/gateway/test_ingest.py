@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from clients import HarnessClient
-from clients.ingest import KafkaIngester, PostgresUpsertWriter
-from planners.postgres_versioning import enable_versioning, server_now
+from pipelines.ingest import KafkaIngester, PostgresUpsertWriter
+from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.kafka_helpers import json_values, new_topic, produce
 
 pytestmark = pytest.mark.integration
@@ -64,8 +64,8 @@ def test_kafka_ingester_commits_highs_and_position(
         stop.set()
         th.join(30)
     d = client.describe("t")
-    assert d["external_state"] == {f"kafka.g1.{topic}.0": 7, f"kafka.g1.{topic}.1": 4}
-    assert {s["name"]: s["state"]["high"] for s in d["sources"]} == {"k0": 7, "k1": 4}
+    assert d.external_state == {f"kafka.g1.{topic}.0": 7, f"kafka.g1.{topic}.1": 4}
+    assert {s.name: s.state["high"] for s in d.sources} == {"k0": 7, "k1": 4}
     # A restarted ingester resumes from the committed position: nothing new to commit.
     again = KafkaIngester(client, "t", kafka_bootstrap, topic, {0: "k0", 1: "k1"}, group_id="g1")
     again.poll(1.0)

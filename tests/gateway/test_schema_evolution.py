@@ -10,7 +10,7 @@ import pytest
 
 from clients import HarnessClient
 from flight_gateway.errors import Unavailable
-from planners.postgres_versioning import enable_versioning, server_now
+from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import DuckLakeFixture, IcebergFixture
 from tests.gateway.kafka_helpers import json_values, new_topic, produce
 
@@ -173,7 +173,7 @@ def test_failed_ddl_leaves_harness_schema_unchanged(
     ):
         client.evolve_schema("t", [{"op": "add_column", "name": "extra", "type": "string"}])
     after = client.describe("t")
-    assert after["schema"] == before["schema"] and after["version"] == before["version"]
+    assert after.schema == before.schema and after.version == before.version
     # Fix the cause and retry: every statement is idempotent, so it now goes through.
     client.commit("t", remove_sources=["broken"])
     client.evolve_schema("t", [{"op": "add_column", "name": "extra", "type": "string"}])

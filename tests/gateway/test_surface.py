@@ -84,7 +84,7 @@ def test_schema_list_flights_actions_and_batches(
     assert len(info.endpoints) == 3  # one task per file at this target size
     batches = list(client.read_batches("t", limit=7))
     assert sum(b.num_rows for b in batches) == 7
-    assert client.history("t")[0]["version"] == 1
+    assert client.history("t")[0].version == 1
 
 
 @pytest.mark.slow

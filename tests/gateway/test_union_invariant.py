@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from planners.base import ColumnSpec
 from planners.kafka import read_offsets
-from planners.postgres_versioning import server_now
+from planners.kind import ColumnSpec
+from planners.postgres.versioning import server_now
 from tests.gateway.helpers import IcebergFixture, versioned_table
 from tests.gateway.kafka_helpers import json_values, new_topic, produce
 
@@ -59,9 +59,12 @@ class Run:
             raise self.errors[0]
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["flight", "direct"])
 def test_kafka_to_iceberg_exactly_once(
-    client: HarnessClient, kafka_bootstrap: str, iceberg: IcebergFixture
+    client: HarnessClient, kafka_bootstrap: str, iceberg: IcebergFixture, direct: bool
 ) -> None:
+    """With ``direct`` the readers read the cold Iceberg files themselves (direct tasks) and the
+    Kafka ranges through the gateway, at the same pinned version."""
     topic = new_topic(kafka_bootstrap, partitions=2)
     cold = iceberg.create("moved", ARROW)
     client.create_table("logs", SCHEMA, partition_by=["p"])
@@ -90,7 +93,7 @@ def test_kafka_to_iceberg_exactly_once(
             {
                 "name": "cold",
                 "kind": "iceberg",
-                "config": iceberg.source_config("moved"),
+                "config": {**iceberg.source_config("moved"), "direct": direct},
                 "state": {"snapshot_id": None},
             },
         ],
@@ -98,7 +101,7 @@ def test_kafka_to_iceberg_exactly_once(
     delivered: dict[tuple[int, int], int] = {}  # (partition, offset) -> id
     next_id = [0]
     run = Run()
-    stats = {"produced": 0, "moves": 0, "reads": 0, "rereads": 0}
+    stats = {"produced": 0, "moves": 0, "reads": 0, "rereads": 0, "direct_tasks": 0}
 
     def producer() -> None:
         for p in (0, 1):
@@ -114,9 +117,7 @@ def test_kafka_to_iceberg_exactly_once(
             stats["produced"] += len(ids)
             # The ingester's step: advance high to what the broker acknowledged (never the watermark).
             with client.lock("logs", [f"k{p}"], owner="ingester", ttl_s=30, wait_s=30) as lock:
-                state = next(s for s in client.describe("logs")["sources"] if s["name"] == f"k{p}")[
-                    "state"
-                ]
+                state = client.describe("logs").source(f"k{p}").state
                 client.commit(
                     "logs",
                     lock=lock,
@@ -135,9 +136,7 @@ def test_kafka_to_iceberg_exactly_once(
         p = turn[0] % 2
         turn[0] += 1
         with client.lock("logs", [f"k{p}", "cold"], owner="mover", ttl_s=60, wait_s=30) as lock:
-            state = next(s for s in client.describe("logs")["sources"] if s["name"] == f"k{p}")[
-                "state"
-            ]
+            state = client.describe("logs").source(f"k{p}").state
             low, high = state["low"], state["high"]
             if high == low:
                 time.sleep(0.05)
@@ -162,14 +161,14 @@ def test_kafka_to_iceberg_exactly_once(
     seen: dict[int, list[int]] = {}
 
     def reader() -> None:
-        info = client.flight_info("logs")
+        info = client.flight_info("logs", direct=direct)
         version = client.pinned_version(info)
-        ids = client.read("logs", version=version, columns=["id"]).column("id").to_pylist()
+        stats["direct_tasks"] += sum(client.direct_task(ep) is not None for ep in info.endpoints)
+        ids = client.read("logs", version=version, columns=["id"], direct=direct)
+        ids = ids.column("id").to_pylist()
         assert len(ids) == len(set(ids)), f"duplicates at version {version}"
         d = client.describe("logs", version=version)
-        highs = {
-            s["partition"]["p"]: s["state"]["high"] for s in d["sources"] if s["kind"] == "kafka"
-        }
+        highs = {s.partition["p"]: s.state["high"] for s in d.sources if s.kind == "kafka"}
         expected = {i for (p, off), i in list(delivered.items()) if off < highs[p]}
         assert set(ids) == expected, (
             f"version {version}: missing {sorted(expected - set(ids))[:5]}, extra {sorted(set(ids) - expected)[:5]}"
@@ -182,10 +181,8 @@ def test_kafka_to_iceberg_exactly_once(
             seen[version] = sorted(ids)
         if len(seen) > 3:  # re-read an old pinned version too
             old = min(seen)
-            assert (
-                sorted(client.read("logs", version=old, columns=["id"]).column("id").to_pylist())
-                == seen[old]
-            )
+            again = client.read("logs", version=old, columns=["id"], direct=direct)
+            assert sorted(again.column("id").to_pylist()) == seen[old]
             stats["rereads"] += 1
 
     run.loop("producer", producer)
@@ -194,6 +191,7 @@ def test_kafka_to_iceberg_exactly_once(
     run.loop("reader-2", reader)
     run.finish(SECONDS)
     assert stats["moves"] >= 2 and stats["reads"] >= 4 and stats["rereads"] >= 1, stats
+    assert (stats["direct_tasks"] > 0) == direct, stats
     final = client.read("logs", columns=["id"]).column("id").to_pylist()
     assert sorted(final) == sorted(set(final))
 

@@ -23,5 +23,5 @@ if __name__ == "__main__":
     uri, kind, table, hot, cold = sys.argv[1:6]
     with HarnessClient(uri) as client:
         MOVERS[kind](
-            client, table, hot, cold, owner=f"worker-{kind}", ttl_s=1.5, wait_s=30
+            client, table, hot, cold, owner=f"worker-{kind}", ttl_s=3.0, wait_s=30
         ).run_once()

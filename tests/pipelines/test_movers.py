@@ -90,12 +90,12 @@ def test_kafka_to_iceberg_mover_survives_kills(
     assert ids_at(client, "t") == list(range(20))  # in the crash window too
     # More data arrives meanwhile (an ingester waits for the dead mover's lease to end).
     with client.lock("t", ["k0"], owner="ingester", ttl_s=10, wait_s=30) as lock:
-        low = client.describe("t")["sources"][0]["state"]["low"]
+        low = client.describe("t").sources[0].state["low"]
         client.commit("t", lock=lock, updates=[{"source": "k0", "state": {"low": low, "high": 30}}])
     mover = KafkaToIcebergMover(client, "t", "k0", "cold", owner="restart", wait_s=30)
     result = mover.run_once()
     assert ids_at(client, "t") == list(range(30))
-    state = {s["name"]: s["state"] for s in client.describe("t")["sources"]}
+    state = {s.name: s.state for s in client.describe("t").sources}
     assert state["k0"] == {"low": 30, "high": 30}
     if crash_at == "kafka_iceberg.after_append":
         assert len(result.adopted) == 1  # the orphaned append was committed, not redone

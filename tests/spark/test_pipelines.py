@@ -83,9 +83,7 @@ def test_flush_and_compaction_keep_the_union_exact(
             )
             delivered.update(zip(offs, ids, strict=True))
             with client.lock("t", ["k0"], owner="ingester", ttl_s=30, wait_s=60) as lock:
-                low = next(s for s in client.describe("t")["sources"] if s["name"] == "k0")[
-                    "state"
-                ]["low"]
+                low = client.describe("t").source("k0").state["low"]
                 client.commit(
                     "t",
                     lock=lock,
@@ -96,9 +94,7 @@ def test_flush_and_compaction_keep_the_union_exact(
         while not stop.is_set():
             v = client.pinned_version(client.flight_info("t"))
             ids = client.read("t", version=v, columns=["id"]).column("id").to_pylist()
-            high = next(s for s in client.describe("t", version=v)["sources"] if s["name"] == "k0")[
-                "state"
-            ]["high"]
+            high = client.describe("t", version=v).source("k0").state["high"]
             expected = {i for off, i in list(delivered.items()) if off < high} | files_ids
             assert len(ids) == len(set(ids)), f"duplicates at version {v}"
             assert set(ids) == expected, (
@@ -126,7 +122,7 @@ def test_flush_and_compaction_keep_the_union_exact(
         moved = 0
         for _ in range(3):
             moved += flush.run_once().rows
-        before_compaction = client.describe("t")["version"]
+        before_compaction = client.describe("t").version
         compact(spark, uri, client, "t", "small", files=1)
         compact(spark, uri, client, "t", "cold", files=1)
         moved += flush.run_once().rows
@@ -136,16 +132,19 @@ def test_flush_and_compaction_keep_the_union_exact(
             t.join(60)
     assert not errors, errors
     assert moved > 0 and len(seen) >= 3
-    small = next(s for s in client.describe("t")["sources"] if s["name"] == "small")["state"][
-        "files"
-    ]
-    assert len(small) == 1 and small[0].startswith("compacted-")
+    small = client.describe("t").source("small").state["files"]
+    # One file, written by the compaction job (under its write's "compacted" directory).
+    assert len(small) == 1 and "/compacted/" in small[0]
+    history = client.history("t")
+    assert [
+        c.summary.get("relocation") for c in history if c.summary["operation"] == "compaction"
+    ] == [True, True]
     for v, ids in list(seen.items())[
         :5
     ]:  # pinned versions (before compaction too) re-read identically
         assert sorted(client.read("t", version=v, columns=["id"]).column("id").to_pylist()) == ids
     # Compaction rewrote files, not rows: the latest version holds the same ids as just before it.
-    after = client.describe("t")["version"]
+    after = client.describe("t").version
     assert after > before_compaction
 
 
@@ -216,3 +215,60 @@ def test_spark_postgres_cold_move_while_readers_read(
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute(f'SELECT count(*) FROM "{name}"').fetchone() == (0,)
     assert iceberg.catalog.load_table("db.pgcold_spark").scan().to_arrow().num_rows == 200
+
+
+def test_cold_move_command_line_runs_the_cold_move(
+    gateway, client: HarnessClient, pg_dsn: str, iceberg: IcebergFixture
+) -> None:
+    """Regression: ``python -m pipelines.spark_jobs cold-move`` ran compaction instead."""
+    import os
+    import subprocess
+    import sys
+
+    server, _ = gateway
+    name, as_of = versioned_table(
+        pg_dsn,
+        "hot",
+        "id bigint PRIMARY KEY, p int, payload text",
+        "SELECT g, g % 2, 'x' FROM generate_series(0, 49) g",
+    )
+    iceberg.create("cli_cold", ARROW)
+    client.create_table(
+        "e", [{"name": f.name, "type": str(f.type)} for f in ARROW], primary_key=["id"]
+    )
+    client.add_source(
+        "e", "hot", "postgres", config={"dsn": pg_dsn, "table": name}, state={"as_of": as_of}
+    )
+    client.add_source(
+        "e",
+        "cold",
+        "iceberg",
+        config=iceberg.source_config("cli_cold"),
+        state={"snapshot_id": None},
+    )
+    args = [
+        "cold-move",
+        "--uri",
+        f"grpc://127.0.0.1:{server.port}",
+        "--table",
+        "e",
+        "--hot",
+        "hot",
+        "--cold",
+        "cold",
+        "--where",
+        "p = 1",
+    ]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.spark_jobs", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert client.history("e", limit=1)[0].summary["operation"] == "postgres-to-iceberg"
+    cold = iceberg.catalog.load_table("db.cli_cold").scan().to_arrow()
+    assert sorted(cold.column("id").to_pylist()) == list(range(1, 50, 2))
+    assert sorted(client.read("e", columns=["id"]).column("id").to_pylist()) == list(range(50))

@@ -65,9 +65,7 @@ def test_stream_delivers_each_row_once_across_restarts(
             kafka_bootstrap, topic, json_values([{"id": i, "payload": "k"} for i in ids])
         )
         with client.lock("t", ["k0"], owner="ingester", wait_s=30) as lock:
-            low = next(s for s in client.describe("t")["sources"] if s["name"] == "k0")["state"][
-                "low"
-            ]
+            low = client.describe("t").source("k0").state["low"]
             client.commit(
                 "t",
                 lock=lock,
@@ -81,9 +79,7 @@ def test_stream_delivers_each_row_once_across_restarts(
         write_parquet(
             tmp_path / "files" / name, pa.table({"id": ids, "payload": ["f"] * n}, schema=ARROW)
         )
-        files = next(s for s in client.describe("t")["sources"] if s["name"] == "files")["state"][
-            "files"
-        ]
+        files = client.describe("t").source("files").state["files"]
         client.commit("t", updates=[{"source": "files", "state": {"files": [*files, name]}}])
 
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"

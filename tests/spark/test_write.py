@@ -53,7 +53,7 @@ def test_append_and_overwrite_then_read_back(
 ) -> None:
     df = spark.range(0, 1000, numPartitions=4).selectExpr("id", "concat('n', id) AS name")
     write(df, targets["uri"], source)
-    v1 = client.describe("t")["version"]
+    v1 = client.describe("t").version
     write(df.where("id < 10"), targets["uri"], source)
     read = client.read("t", sources=[source])
     assert read.num_rows == 1010
@@ -74,7 +74,7 @@ def test_append_and_overwrite_then_read_back(
         .load()
     )
     assert back.where("id >= 5000").count() == 3
-    assert client.history("t", limit=1)[0]["summary"]["operation"] == "spark-overwrite"
+    assert client.history("t", limit=1)[0].summary["operation"] == "spark-overwrite"
 
 
 def test_failed_write_leaves_no_commit_and_no_files(
@@ -88,9 +88,9 @@ def test_failed_write_leaves_no_commit_and_no_files(
             raise ValueError("boom")
         return f"n{i}"
 
-    before = client.describe("t")["version"]
+    before = client.describe("t").version
     df = spark.range(0, 1000, numPartitions=4).select("id", explode_on_777("id").alias("name"))
     with pytest.raises(Exception, match="boom"):
         write(df, targets["uri"], "files")
-    assert client.describe("t")["version"] == before
+    assert client.describe("t").version == before
     assert os.listdir(targets["dir"]) == []

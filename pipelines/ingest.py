@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from clients.client import HarnessClient
+from flight_gateway.protocol import operations as ops
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,8 @@ class KafkaIngester:
     def _start_offsets(self) -> dict[int, int]:
         """Resume from the position committed with the table (external_state), else the source's high."""
         d = self.client.describe(self.table)
-        ext = d.get("external_state", {})
-        states = {s["name"]: s["state"] for s in d["sources"]}
         return {
-            p: int(ext.get(self._key(p), states[name].get("high", 0)))
+            p: int(d.external_state.get(self._key(p), d.source(name).state.get("high", 0)))
             for p, name in self.sources.items()
         }
 
@@ -97,9 +96,9 @@ class KafkaIngester:
             self.table, names, owner=f"ingester-{self.group_id}", ttl_s=30, wait_s=30
         ) as lock:
             updates, ext = [], {}
-            states = {s["name"]: s["state"] for s in self.client.describe(self.table)["sources"]}
+            desc = self.client.describe(self.table)
             for p, last in self._seen.items():
-                state = states[self.sources[p]]
+                state = desc.source(self.sources[p]).state
                 high = last + 1
                 if high > int(state.get("high", 0)):
                     updates.append(
@@ -116,7 +115,7 @@ class KafkaIngester:
                 lock=lock,
                 updates=updates,
                 external_state=ext,
-                summary={"operation": "kafka-ingest"},
+                summary={ops.OPERATION: ops.KAFKA_INGEST},
             )
         log.debug("ingester %s: committed highs %s as version %d", self.group_id, ext, version)
         return version
@@ -164,7 +163,7 @@ class PostgresUpsertWriter:
         self, rows: pa.Table | Sequence[Mapping[str, Any]], *, commit_id: str | None = None
     ) -> int:
         """Upsert ``rows`` and commit the new ``as_of``; returns the harness version."""
-        from planners.postgres_versioning import server_now
+        from planners.postgres.versioning import server_now
         from planners.predicates import quote_ident
 
         data = rows.to_pylist() if isinstance(rows, pa.Table) else [dict(r) for r in rows]
@@ -191,5 +190,5 @@ class PostgresUpsertWriter:
                 commit_id=commit_id or uuid.uuid4().hex,
                 lock=lock,
                 updates=[{"source": self.source, "state": {"as_of": as_of}}],
-                summary={"operation": "pg-upsert", "rows": len(data)},
+                summary={ops.OPERATION: ops.PG_UPSERT, "rows": len(data)},
             )

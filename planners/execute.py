@@ -1,4 +1,4 @@
-"""Run one task end to end: planner read, residual filter, projection, limit."""
+"""Run one task end to end: the kind's read, ``_source``, residual filter, projection, limit."""
 
 from __future__ import annotations
 
@@ -6,21 +6,8 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
-from planners.base import ScanRequest, ScanTask
-from planners.predicates import Expr, to_arrow
-from planners.registry import get_planner
-
-
-def apply_residual(reader: pa.RecordBatchReader, predicate: Expr) -> pa.RecordBatchReader:
-    expr = to_arrow(predicate, reader.schema)
-
-    def gen() -> Iterator[pa.RecordBatch]:
-        for batch in reader:
-            out = batch.filter(expr)
-            if out.num_rows:
-                yield out
-
-    return pa.RecordBatchReader.from_batches(reader.schema, gen())
+from planners.common import apply_residual
+from planners.kind import ScanRequest, ScanTask, SourceKind
 
 
 def _fill_source(reader: pa.RecordBatchReader, name: str) -> pa.RecordBatchReader:
@@ -38,16 +25,10 @@ def _fill_source(reader: pa.RecordBatchReader, name: str) -> pa.RecordBatchReade
     return pa.RecordBatchReader.from_batches(reader.schema, gen())
 
 
-def execute(request: ScanRequest, task: ScanTask, output: Sequence[str]) -> pa.RecordBatchReader:
-    """Batches of ``task`` with exactly the ``output`` columns, filtered exactly, limited."""
-    reader = get_planner(task.kind).read(request, task)
-    if "_source" in reader.schema.names:
-        reader = _fill_source(reader, request.source.name)
-    if request.predicate is not None and not task.exact_filter:
-        reader = apply_residual(reader, request.predicate)
-    names = list(output)
+def _project_and_limit(
+    reader: pa.RecordBatchReader, names: list[str], limit: int | None
+) -> pa.RecordBatchReader:
     needs_projection = reader.schema.names != names
-    limit = request.limit
     if not needs_projection and limit is None:
         return reader  # C++ reader straight to Flight when nothing is left to do
     schema = pa.schema([reader.schema.field(n) for n in names])
@@ -66,3 +47,15 @@ def execute(request: ScanRequest, task: ScanTask, output: Sequence[str]) -> pa.R
             yield batch
 
     return pa.RecordBatchReader.from_batches(schema, gen())
+
+
+def execute(
+    kind: SourceKind, request: ScanRequest, task: ScanTask, output: Sequence[str]
+) -> pa.RecordBatchReader:
+    """Batches of ``task`` with exactly the ``output`` columns, filtered exactly, limited."""
+    reader = kind.read(request, task)
+    if "_source" in reader.schema.names:
+        reader = _fill_source(reader, request.source.name)
+    if request.predicate is not None and not task.exact_filter:
+        reader = apply_residual(reader, request.predicate)
+    return _project_and_limit(reader, list(output), request.limit)

@@ -1,22 +1,21 @@
-"""What every planner shares: requests, tasks, and conforming batches to the harness schema.
+"""Helpers every source kind shares: conforming batches to the harness columns, task grouping.
 
-``plan(request) -> list[ScanTask]`` decides the work; ``read(request, task)`` turns one task into
-a RecordBatchReader whose batches already have the harness schema of the pinned version
-(columns matched by current name, then by former names; missing columns are nulls; types cast
-to the harness type).
+A kind's ``read`` returns batches with the harness schema of the pinned version: columns matched
+by current name, then by former names; missing columns are nulls; types cast to the harness
+type (``conform``). Writers go the other way (``to_physical``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
-from flight_gateway.arrow_types import parse_type
 from flight_gateway.errors import InvalidArgument
-from planners.predicates import Expr, columns, rename
+from planners.kind import ColumnSpec, ScanRequest
+from planners.predicates import Expr, columns, rename, to_arrow
 
 DEFAULT_BATCH_ROWS = 64 * 1024
 MIN_TASK_BYTES = 8 * 1024 * 1024
@@ -41,56 +40,6 @@ def group_by_size(
         groups[-1].append(item)
         size += n
     return groups
-
-
-@dataclass(frozen=True)
-class ColumnSpec:
-    """A harness column to produce: its stable id, current name, type and former names."""
-
-    field_id: int
-    name: str
-    type: str
-    aliases: tuple[str, ...] = ()
-
-    @property
-    def arrow_type(self) -> pa.DataType:
-        return parse_type(self.type)
-
-
-@dataclass(frozen=True)
-class SourceRef:
-    """The source as pinned: config with ${ENV} already resolved (never put in tickets)."""
-
-    name: str
-    kind: str
-    config: Mapping[str, Any]
-    partition: Mapping[str, Any]
-    state: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class ScanRequest:
-    source: SourceRef
-    columns: tuple[ColumnSpec, ...]  # columns to produce: projection plus filter columns
-    predicate: Expr | None = None  # over harness column names
-    limit: int | None = None
-
-
-@dataclass(frozen=True)
-class ScanTask:
-    """One unit of reading: one Flight endpoint, one Spark partition. JSON payload, no secrets."""
-
-    source: str
-    kind: str
-    payload: Mapping[str, Any] = field(default_factory=dict)
-    #: True when ``read`` applies the request's whole predicate exactly (no residual needed).
-    exact_filter: bool = False
-
-
-class Planner(Protocol):
-    def plan(self, request: ScanRequest) -> list[ScanTask]: ...
-
-    def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader: ...
 
 
 def target_schema(cols: Sequence[ColumnSpec]) -> pa.Schema:
@@ -184,3 +133,41 @@ def chain_readers(
             yield from r
 
     return pa.RecordBatchReader.from_batches(schema, gen())
+
+
+def to_physical(
+    rows: pa.Table, available: Iterable[str], aliases: Mapping[str, tuple[str, ...]]
+) -> pa.Table:
+    """Rename harness columns to the names a source with its own schema uses (a column renamed
+    in the harness keeps its physical name there)."""
+    avail = set(available)
+    names = [
+        next((c for c in (n, *aliases.get(n, ())) if c in avail), n) for n in rows.column_names
+    ]
+    return rows.rename_columns(names)
+
+
+def empty_reader(cols: Sequence[ColumnSpec]) -> pa.RecordBatchReader:
+    return pa.RecordBatchReader.from_batches(target_schema(cols), iter(()))
+
+
+def apply_residual(reader: pa.RecordBatchReader, predicate: Expr) -> pa.RecordBatchReader:
+    """Keep exactly the rows ``predicate`` accepts (SQL semantics), for kinds that push down only
+    part of it or none."""
+    expr = to_arrow(predicate, reader.schema)
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        for batch in reader:
+            out = batch.filter(expr)
+            if out.num_rows:
+                yield out
+
+    return pa.RecordBatchReader.from_batches(reader.schema, gen())
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of a local path or a URI (``file://``, ``s3://``, ...)."""
+    if "://" in location:
+        fs, path = pafs.FileSystem.from_uri(location)
+        return fs, path
+    return pafs.LocalFileSystem(), location

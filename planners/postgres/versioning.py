@@ -84,3 +84,29 @@ def server_now(conn: Any) -> str:
     if isinstance(value, dt.datetime):
         return value.astimezone(dt.UTC).isoformat()
     return str(value)
+
+
+def add_commands(subparsers: Any) -> None:
+    """``harness-gateway postgres enable-versioning DSN TABLE [--schema S]``."""
+    pg = subparsers.add_parser("postgres", help="PostgreSQL source helpers")
+    pg_sub = pg.add_subparsers(dest="pg_command", required=True)
+    ev = pg_sub.add_parser(
+        "enable-versioning", help="add sys_period, a history table and a trigger"
+    )
+    ev.add_argument("dsn")
+    ev.add_argument("table")
+    ev.add_argument("--schema", default="public")
+    ev.set_defaults(func=_enable_command)
+
+
+def _enable_command(args: Any) -> int:
+    import logging
+
+    import psycopg
+
+    with psycopg.connect(args.dsn) as conn:
+        enable_versioning(conn, args.table, schema=args.schema)
+    logging.getLogger(__name__).info(
+        "%s.%s is system-versioned (history: %s_history)", args.schema, args.table, args.table
+    )
+    return 0

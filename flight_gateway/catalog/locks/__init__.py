@@ -1,0 +1,122 @@
+"""Lease locks on sources: all or nothing, a fair waiting queue, renewal, fencing tokens."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy import Engine, delete, select, update
+
+from flight_gateway.catalog import db
+from flight_gateway.catalog.db import locks, read_tx, tables, write_tx
+from flight_gateway.catalog.locks.step import LockAsk, StepResult, lock_step
+from flight_gateway.catalog.model import LockGrant, LockInfo
+from flight_gateway.catalog.validation import as_list, check_ttl, is_number
+from flight_gateway.errors import InvalidArgument, LockExpired, LockUnavailable, NotFound
+
+log = logging.getLogger(__name__)
+
+
+class Locks:
+    def __init__(self, engine: Engine, *, poll_s: float, max_wait_s: float) -> None:
+        self._engine = engine
+        self._poll_s = poll_s
+        self._max_wait_s = max_wait_s
+
+    def _ask(
+        self, table: str, source_names: Sequence[str], owner: str, ttl_s: float, wait_s: float
+    ) -> LockAsk:
+        wanted = sorted(set(as_list(source_names, "sources")))
+        if not wanted or not all(isinstance(s, str) and s for s in wanted):
+            raise InvalidArgument("lock needs a non-empty list of source names")
+        ttl = check_ttl(ttl_s)
+        if not is_number(wait_s) or not 0 <= wait_s <= self._max_wait_s:
+            raise InvalidArgument(f"wait_s must be in [0, {self._max_wait_s:g}], got {wait_s!r}")
+        if not isinstance(owner, str) or not owner:
+            raise InvalidArgument("lock owner must be a non-empty string")
+        return LockAsk(table, uuid.uuid4().hex, owner, tuple(wanted), ttl)
+
+    def _step(self, ask: LockAsk, enqueue: bool) -> StepResult:
+        with write_tx(self._engine) as conn:
+            return lock_step(conn, ask, enqueue)
+
+    def lock(
+        self, table: str, source_names: Sequence[str], owner: str, ttl_s: float, wait_s: float
+    ) -> LockGrant:
+        ask = self._ask(table, source_names, owner, ttl_s, wait_s)
+        deadline = time.monotonic() + float(wait_s)
+        poll = self._poll_s
+        queued = False
+        try:
+            while True:
+                enqueue = time.monotonic() < deadline
+                res = self._step(ask, enqueue)
+                if res.granted is not None:
+                    queued = False  # the queue entry became the grant
+                    log.debug(
+                        "lock %s on %s %s granted to %s", ask.lock_id, table, ask.sources, owner
+                    )
+                    return res.granted
+                if res.missing:
+                    raise NotFound(
+                        f"cannot lock source(s) {list(res.missing)}: not in table {table!r}"
+                    )
+                if not enqueue:
+                    raise LockUnavailable(
+                        f"source(s) {list(ask.sources)} of table {table!r} are locked or queued by "
+                        f"{', '.join(res.blockers)}"
+                    )
+                queued = True
+                time.sleep(min(poll, max(deadline - time.monotonic(), 0.001)))
+                poll = min(poll * 1.5, 0.1)
+        finally:
+            if queued:
+                self._leave_queue(ask.lock_id)
+
+    def _leave_queue(self, lock_id: str) -> None:
+        try:
+            self.unlock(lock_id)
+        except Exception:  # best effort: the heartbeat expiry frees it anyway
+            log.warning("could not remove queue entry of lock %s", lock_id, exc_info=True)
+
+    def renew(self, lock_id: str, ttl_s: float | None = None) -> float:
+        ttl = None if ttl_s is None else check_ttl(ttl_s)
+        with write_tx(self._engine) as conn:
+            now = db.clock(conn)
+            new_ttl = locks.c.ttl_s if ttl is None else ttl
+            expiry = conn.execute(
+                update(locks)
+                .where(
+                    locks.c.lock_id == lock_id, locks.c.granted.is_(True), locks.c.expires_at > now
+                )
+                .values(expires_at=now + new_ttl, ttl_s=new_ttl)
+                .returning(locks.c.expires_at)
+            ).scalar()
+        if expiry is None:
+            raise LockExpired(f"lock {lock_id!r} has expired or was released; cannot renew")
+        return float(expiry)
+
+    def unlock(self, lock_id: str) -> None:
+        with write_tx(self._engine) as conn:
+            conn.execute(delete(locks).where(locks.c.lock_id == lock_id))
+
+    def info(self, lock_id: str) -> LockInfo | None:
+        with read_tx(self._engine) as conn:
+            r = conn.execute(
+                select(locks, tables.c.name.label("table_name"))
+                .join(tables, tables.c.id == locks.c.table_id)
+                .where(locks.c.lock_id == lock_id)
+            ).first()
+        if r is None:
+            return None
+        return LockInfo(
+            lock_id=r.lock_id,
+            table=r.table_name,
+            owner=r.owner,
+            sources=tuple(r.sources),
+            granted=bool(r.granted),
+            fencing_token=None if r.fencing_token is None else int(r.fencing_token),
+            expires_at=float(r.expires_at),
+        )

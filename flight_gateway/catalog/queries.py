@@ -1,0 +1,154 @@
+"""Read-only questions: describe a version, history, find a commit, list tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, func, select
+
+from flight_gateway.catalog.db import read_tx, schemas, tables, versions
+from flight_gateway.catalog.in_force import kv_at, sources_at
+from flight_gateway.catalog.model import CommitInfo, SourceSnapshot, TableSnapshot
+from flight_gateway.catalog.schema import Schema
+from flight_gateway.catalog.validation import check_positive_int
+from flight_gateway.errors import InvalidArgument, NotFound
+
+
+def table_row(conn: Connection, name: str, *, for_update: bool = False) -> Row[Any]:
+    """The table's catalog row; ``for_update`` takes the row lock every writer queues on."""
+    q = select(tables).where(tables.c.name == name)
+    if for_update and conn.dialect.name == "postgresql":
+        q = q.with_for_update()
+    row = conn.execute(q).first()
+    if row is None:
+        raise NotFound(f"table {name!r} does not exist")
+    return row
+
+
+def load_schema(conn: Connection, table_id: int, schema_id: int) -> Schema:
+    fields = conn.execute(
+        select(schemas.c.fields).where(
+            schemas.c.table_id == table_id, schemas.c.schema_id == schema_id
+        )
+    ).scalar_one()
+    return Schema.from_json({"schema_id": schema_id, "fields": fields})
+
+
+def _version_at(conn: Connection, t: Row[Any], as_of: float) -> int:
+    v = conn.execute(
+        select(func.max(versions.c.version)).where(
+            # Commit times have microsecond precision; absorb float rounding of as_of.
+            versions.c.table_id == t.id,
+            versions.c.committed_at <= as_of + 5e-7,
+        )
+    ).scalar()
+    if v is None:
+        raise NotFound(f"table {t.name!r} has no version committed at or before {as_of}")
+    return int(v)
+
+
+def resolve_version(conn: Connection, t: Row[Any], version: int | None, as_of: float | None) -> int:
+    if version is not None and as_of is not None:
+        raise InvalidArgument("give either version or as_of, not both")
+    if as_of is not None:
+        version = _version_at(conn, t, as_of)
+    if version is None:
+        return int(t.current_version)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InvalidArgument(f"version must be an integer, got {version!r}")
+    if version > t.current_version or version < 0:
+        raise NotFound(f"table {t.name!r} has no version {version} (latest is {t.current_version})")
+    if version < t.min_version:
+        raise NotFound(
+            f"version {version} of table {t.name!r} has expired (oldest kept is {t.min_version})"
+        )
+    return version
+
+
+def _snapshot_sources(conn: Connection, table_id: int, v: int) -> tuple[SourceSnapshot, ...]:
+    return tuple(
+        SourceSnapshot(
+            r.name,
+            r.kind,
+            r.config,
+            r.partition,
+            r.state,
+            int(r.state_version),
+            int(r.added_version),
+        )
+        for r in conn.execute(sources_at(table_id, v))
+    )
+
+
+def _key_values(conn: Connection, table_id: int, v: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    props: dict[str, Any] = {}
+    external: dict[str, Any] = {}
+    for r in conn.execute(kv_at(table_id, v)):
+        if r.value is not None:  # a null value deleted the key
+            (props if r.ns == "property" else external)[r.key] = r.value
+    return props, external
+
+
+def describe(
+    engine: Engine, name: str, version: int | None = None, as_of: float | None = None
+) -> TableSnapshot:
+    with read_tx(engine) as conn:
+        t = table_row(conn, name)
+        v = resolve_version(conn, t, version, as_of)
+        vrow = conn.execute(
+            select(versions.c.committed_at, versions.c.schema_id).where(
+                versions.c.table_id == t.id, versions.c.version == v
+            )
+        ).one()
+        props, external = _key_values(conn, t.id, v)
+        return TableSnapshot(
+            table=name,
+            version=v,
+            committed_at=float(vrow.committed_at),
+            schema=load_schema(conn, t.id, vrow.schema_id),
+            partition_by=tuple(t.partition_by),
+            primary_key=tuple(t.primary_key),
+            properties=props,
+            external_state=external,
+            sources=_snapshot_sources(conn, t.id, v),
+        )
+
+
+def find_commit(engine: Engine, name: str, commit_id: str) -> int | None:
+    with read_tx(engine) as conn:
+        t = table_row(conn, name)
+        v = conn.execute(
+            select(versions.c.version).where(
+                versions.c.table_id == t.id, versions.c.commit_id == commit_id
+            )
+        ).scalar()
+        return None if v is None else int(v)
+
+
+def current_version(engine: Engine, name: str) -> int:
+    with read_tx(engine) as conn:
+        return int(table_row(conn, name).current_version)
+
+
+def history(engine: Engine, name: str, limit: int | None = None) -> list[CommitInfo]:
+    if limit is not None:
+        check_positive_int(limit, "limit")
+    with read_tx(engine) as conn:
+        t = table_row(conn, name)
+        q = (
+            select(versions)
+            .where(versions.c.table_id == t.id)
+            .order_by(versions.c.version.desc())
+            .limit(limit)
+        )
+        return [
+            CommitInfo(
+                int(r.version), float(r.committed_at), r.commit_id, int(r.schema_id), r.summary
+            )
+            for r in conn.execute(q)
+        ]
+
+
+def list_tables(engine: Engine) -> list[str]:
+    with read_tx(engine) as conn:
+        return [r[0] for r in conn.execute(select(tables.c.name).order_by(tables.c.name))]

@@ -1,0 +1,115 @@
+"""``${NAME}`` references in source configs: resolved only from names the operator allows, and
+never shown again.
+
+Source configs are written by table writers, so a reference could otherwise read any variable of
+the gateway's environment (its ticket key included) and send it to a host of the writer's choosing
+or get it back in an error message. The gateway therefore resolves only names matching the
+operator's patterns (``secrets.allow`` in the gateway config, default ``HARNESS_SECRET_*``), and
+remembers every value it substituted so that error messages, replies and log lines can be
+scrubbed of them (``scrub``, ``ScrubFilter``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from flight_gateway.errors import InvalidArgument
+
+REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+DEFAULT_ALLOWED = ("HARNESS_SECRET_*",)
+_MIN_SECRET_CHARS = 4  # shorter values would scrub ordinary words out of messages
+_REDACTED = "***"
+
+_values: set[str] = set()
+_lock = threading.Lock()
+
+
+def remember(value: str) -> None:
+    """Treat ``value`` as a secret from now on (scrubbed from errors and logs)."""
+    if len(value) >= _MIN_SECRET_CHARS:
+        with _lock:
+            _values.add(value)
+
+
+def scrub(text: str) -> str:
+    """``text`` with every remembered secret value replaced by ``***``."""
+    with _lock:
+        values = sorted(_values, key=len, reverse=True)
+    for v in values:
+        if v in text:
+            text = text.replace(v, _REDACTED)
+    return text
+
+
+class ScrubFilter(logging.Filter):
+    """Removes secret values from log records (message and arguments), whoever logs them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _values:
+            message = record.getMessage()
+            clean = scrub(message)
+            if clean != message:
+                record.msg, record.args = clean, None
+        return True
+
+
+class SecretResolver:
+    """Resolves ``${NAME}`` references whose NAME matches one of ``allowed`` (fnmatch)."""
+
+    def __init__(
+        self, allowed: Sequence[str] = DEFAULT_ALLOWED, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.allowed = tuple(allowed)
+        self._env = env
+
+    def permits(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in self.allowed)
+
+    def _sub(self, text: str, where: str) -> str:
+        env = os.environ if self._env is None else self._env
+
+        def one(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if not self.permits(name):
+                raise InvalidArgument(
+                    f"{where} references ${{{name}}}, which the gateway does not allow "
+                    f"(allowed names: {', '.join(self.allowed) or 'none'})"
+                )
+            if name not in env:
+                raise InvalidArgument(f"{where} references ${{{name}}}, which is not set")
+            remember(env[name])
+            return env[name]
+
+        return REF.sub(one, text)
+
+    def resolve(self, config: Any, *, where: str) -> Any:
+        """``config`` with every allowed reference replaced (strings, nested lists and objects)."""
+        if isinstance(config, str):
+            return self._sub(config, where)
+        if isinstance(config, Mapping):
+            return {k: self.resolve(v, where=where) for k, v in config.items()}
+        if isinstance(config, list):
+            return [self.resolve(v, where=where) for v in config]
+        return config
+
+    def check(self, config: Any, *, where: str) -> None:
+        """Refuse references to names the gateway does not allow, without resolving them."""
+        if isinstance(config, str):
+            for name in REF.findall(config):
+                if not self.permits(name):
+                    raise InvalidArgument(
+                        f"{where} references ${{{name}}}, which the gateway does not allow "
+                        f"(allowed names: {', '.join(self.allowed) or 'none'})"
+                    )
+        elif isinstance(config, Mapping):
+            for v in config.values():
+                self.check(v, where=where)
+        elif isinstance(config, list):
+            for v in config:
+                self.check(v, where=where)

@@ -1,0 +1,75 @@
+"""Errors on the wire: harness errors mapped to Flight status codes, secrets scrubbed, and
+streams that fail loudly instead of ending early looking complete."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as fl
+from sqlalchemy.exc import OperationalError
+
+from flight_gateway.errors import HarnessError, InvalidArgument, Unavailable
+from flight_gateway.protocol import to_flight_error
+from flight_gateway.secrets import scrub
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _wire(e: HarnessError) -> Exception:
+    return to_flight_error(type(e)(scrub(str(e))))
+
+
+def flight_errors(fn: F) -> F:
+    """Map harness errors to Flight status codes; never let an unexpected error kill a call
+    without a clear message (the server itself keeps serving either way). No message carries a
+    resolved secret."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        # "from None": pyarrow sends the Python traceback in the status details, and a chained
+        # one can outgrow gRPC's metadata limit (the client then sees RESOURCE_EXHAUSTED).
+        except HarnessError as e:
+            log.info("%s: %s: %s", fn.__name__, type(e).__name__, scrub(str(e)))
+            raise _wire(e) from None
+        except OperationalError as e:
+            log.warning("%s: catalog unavailable: %s", fn.__name__, scrub(str(e)))
+            raise _wire(Unavailable("harness catalog unavailable")) from None
+        except (NotImplementedError, fl.FlightError):
+            raise
+        except pa.ArrowException as e:
+            raise type(e)(scrub(str(e))) from None
+        except RecursionError:  # deeply nested JSON or filters: the caller's doing
+            raise _wire(InvalidArgument("request is nested too deeply")) from None
+        except Exception as e:
+            log.exception("%s failed", fn.__name__)
+            raise fl.FlightInternalError(
+                f"internal error: {type(e).__name__}: {scrub(str(e))}"
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def stream_errors(
+    reader: pa.RecordBatchReader, on_close: Callable[[], None] | None = None
+) -> pa.RecordBatchReader:
+    """Errors raised while streaming still reach the client as a failed stream with a clear
+    message, never as a stream that ends early looking complete. ``on_close`` runs when the
+    stream ends, fails or is abandoned."""
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        try:
+            yield from reader
+        except HarnessError as e:
+            raise _wire(e) from None
+        finally:
+            if on_close is not None:
+                on_close()
+
+    return pa.RecordBatchReader.from_batches(reader.schema, gen())

@@ -1,0 +1,68 @@
+"""A catalog source bound to its kind: config resolved, policies checked.
+
+The one place where a source's ``${NAME}`` references are resolved (only allowed names) and where
+what its config reaches is checked against the operator's allow-lists — for reads, DoPut, schema
+changes and engine writes alike, and for configs and states before they are committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from flight_gateway.catalog import SourceSpec, SourceUpdate, TableSnapshot
+from flight_gateway.server.context import Gateway
+from planners.kind import SourceKind, SourceRef
+from planners.registry import get_kind
+
+
+def _ref(
+    gw: Gateway,
+    kind: SourceKind,
+    name: str,
+    kind_name: str,
+    config: Mapping[str, Any],
+    partition: Mapping[str, Any],
+    state: Mapping[str, Any],
+) -> SourceRef:
+    resolved = gw.secrets.resolve(config, where=f"source {name!r} config")
+    ref = SourceRef(name, kind_name, resolved, partition, state)
+    kind.parse_config(ref)
+    gw.reach.check(name, kind_name, kind.reaches(ref))
+    return ref
+
+
+def bind(
+    gw: Gateway, snap: TableSnapshot, name: str, state: Mapping[str, Any] | None = None
+) -> tuple[SourceKind, SourceRef]:
+    """The kind of source ``name`` at ``snap`` and the source with its config resolved (and its
+    pinned state, or ``state`` when given), after the operator's policies allowed it."""
+    s = snap.source(name)
+    kind = get_kind(s.kind)
+    ref = _ref(gw, kind, s.name, s.kind, s.config, s.partition, s.state if state is None else state)
+    return kind, ref
+
+
+def check_commit(
+    gw: Gateway,
+    snap: TableSnapshot,
+    add_sources: Sequence[Mapping[str, Any]],
+    updates: Sequence[Mapping[str, Any]],
+) -> None:
+    """Reject configs and states their kind cannot read or the policies do not allow, before
+    anything is committed."""
+    for raw in add_sources:
+        spec = SourceSpec.from_json(raw)
+        kind = get_kind(spec.kind)
+        kind.validate_config(spec.name, spec.config)
+        kind.validate_state(spec.name, spec.state)
+        gw.secrets.check(spec.config, where=f"source {spec.name!r} config")
+        kind.check(_ref(gw, kind, spec.name, spec.kind, spec.config, spec.partition, spec.state))
+    known = {s.name: s for s in snap.sources}
+    for raw in updates:
+        up = SourceUpdate.from_json(raw)
+        if up.source in known:  # an unknown source is the catalog's NOT_FOUND
+            s = known[up.source]
+            kind = get_kind(s.kind)
+            kind.validate_state(up.source, up.state)
+            kind.check(_ref(gw, kind, s.name, s.kind, s.config, s.partition, up.state))

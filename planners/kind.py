@@ -1,0 +1,388 @@
+"""The source-kind interface: what every kind implements, and the capabilities it may add.
+
+A source kind is one module (or one installed package, found through the ``dataharness.sources``
+entry-point group; see ``planners.registry``) holding a subclass of ``SourceKind``:
+
+- required: ``plan(request) -> list[ScanTask]`` decides the work for one pinned source state;
+  ``read(request, task) -> pyarrow.RecordBatchReader`` turns one task into batches with the
+  harness columns of the pinned version (``planners.common`` does the matching). A task is the
+  wire-safe half of a read (it travels in signed tickets: small, JSON, no secrets); the request is
+  rebuilt by the gateway from the catalog at the pinned version, with the source's config
+  resolved, so secrets never leave the gateway.
+- optional capabilities, each a small runtime-checkable protocol that the core asks about with
+  ``isinstance(kind, Appendable)``, never by the kind's name:
+
+  ============================  =========================================================
+  ``Appendable``                DoPut (and Spark writes of small batches): idempotent by commit id
+  ``AdoptsFiles``               engines write Parquet files, the kind adopts them in one commit
+                                (Spark writes, compaction)
+  ``EvolvesSchema``             additive DDL (new columns, widened types) before a schema commit
+  ``Streams``                   the rows added between two states (streaming ``since`` reads)
+  ``ReadsDirect``               clients read the task's files themselves (direct tasks)
+  ``HasCommands``               sub-commands of the ``harness-gateway`` CLI
+  ============================  =========================================================
+
+Invariants every kind keeps (docs/writing-a-source.md): reading a pinned state twice returns
+the same rows; an append repeated with the same commit id writes nothing twice; tasks are small
+and JSON-serialisable; nothing is visible before the harness commit that publishes the state.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from flight_gateway.arrow_types import parse_type
+from flight_gateway.errors import InvalidArgument
+from planners.predicates import Expr
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """A harness column to produce: its stable id, current name, type and former names."""
+
+    field_id: int
+    name: str
+    type: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return parse_type(self.type)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name this column has had, newest first."""
+        return (self.name, *self.aliases)
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """A source as pinned: config with ``${NAME}`` references already resolved (never put in
+    tickets or error messages), partition values and the state of the pinned version."""
+
+    name: str
+    kind: str
+    config: Mapping[str, Any]
+    partition: Mapping[str, Any]
+    state: Mapping[str, Any]
+
+
+DEFAULT_MAX_TASKS = 10_000
+
+
+@dataclass(frozen=True)
+class ScanRequest:
+    source: SourceRef
+    columns: tuple[ColumnSpec, ...]  # columns to produce: projection plus filter columns
+    predicate: Expr | None = None  # over harness column names
+    limit: int | None = None
+    #: Plan at most this many tasks; a kind that would make more raises INVALID_ARGUMENT before
+    #: building them (the gateway's ``limits.max_tasks``).
+    max_tasks: int = DEFAULT_MAX_TASKS
+
+    def check_task_count(self, n: int) -> None:
+        if n > self.max_tasks:
+            raise InvalidArgument(
+                f"source {self.source.name!r} would be read as {n} tasks, more than the "
+                f"gateway's limit of {self.max_tasks}: narrow the read or make tasks larger"
+            )
+
+
+@dataclass(frozen=True)
+class ScanTask:
+    """One unit of reading: one Flight endpoint, one Spark partition. ``payload`` is JSON and
+    carries no secrets (it is part of a signed ticket)."""
+
+    source: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    #: True when ``read`` applies the request's whole predicate exactly (no residual needed).
+    exact_filter: bool = False
+
+
+@dataclass(frozen=True)
+class Additive:
+    """The additive part of a schema change, applied to sources with a schema of their own."""
+
+    op: str  # "add" or "widen"
+    names: tuple[str, ...]  # current name first, then former names (the physical one may be old)
+    type: pa.DataType
+
+
+@dataclass(frozen=True)
+class AppendContext:
+    """What an append needs besides the rows.
+
+    ``intent`` and ``record_intent`` support kinds whose writes cannot be undone or found again
+    by commit id alone (a Kafka produce): before writing, such a kind records where this commit
+    starts with ``record_intent`` (the gateway commits it to ``external_state`` at once); a retry
+    of the same commit id gets it back as ``intent`` and can look there for what was written.
+    """
+
+    source: SourceRef
+    commit_id: str
+    #: harness column name -> former names (a source written before a rename keeps old names)
+    aliases: Mapping[str, tuple[str, ...]]
+    intent: Mapping[str, Any] | None = None
+    record_intent: Callable[[Mapping[str, Any]], None] = lambda _marker: None
+    #: The harness table the append belongs to (names written data apart from other tables').
+    table: str = ""
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Something a source's config makes the gateway touch, checked against the operator's
+    allow-lists (``sources`` in the gateway config) before any connection is made.
+
+    ``what`` is ``"path"`` (local path or storage URI: file roots, warehouses, table locations),
+    ``"host"`` (``host:port`` of a network service: brokers, databases) or ``"uri"`` (a service
+    URI: catalog and schema-registry endpoints, Flight locations). ``key`` names the config key
+    for error messages; the value itself is never shown (it may come from a secret).
+    """
+
+    what: str
+    key: str
+    value: str
+
+
+# ---------------------------------------------------------------------------- typed configs
+
+_REF = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceConfig:
+    """Base of typed source configs; the keys every kind accepts.
+
+    A kind declares ``config_model = MyConfig`` (a ``@dataclass(frozen=True, kw_only=True)``
+    deriving from this one) and gets ``parse_config``: unknown keys, missing required keys and
+    wrong types are INVALID_ARGUMENT naming the key.
+    """
+
+    #: Rank of the source in the primary-key view (overrides the kind's ``dedupe_tier``).
+    tier: int | None = None
+    #: Group small files or ranges into tasks of about this many bytes.
+    target_task_bytes: int | None = None
+    #: Let clients that ask read this source's files themselves (direct tasks, DESIGN.md §10).
+    direct: bool = False
+
+    @classmethod
+    def parse(cls, config: Mapping[str, Any], *, where: str, allow_refs: bool = False) -> Any:
+        """Validate ``config``. With ``allow_refs`` a ``${NAME}`` string stands in for a value of
+        any type (configs are checked before their references are resolved)."""
+        if not isinstance(config, Mapping):
+            raise InvalidArgument(f"{where}: config must be an object")
+        hints = typing.get_type_hints(cls)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise InvalidArgument(
+                f"{where}: unknown config key(s) {unknown} (known: {sorted(known)})"
+            )
+        values = {}
+        missing = [
+            f.name
+            for f in fields(cls)
+            if f.default is MISSING and f.default_factory is MISSING and f.name not in config
+        ]
+        if missing:
+            raise InvalidArgument(f"{where}: config needs {missing}")
+        for f in fields(cls):
+            if f.name not in config:
+                continue
+            value = config[f.name]
+            if allow_refs and isinstance(value, str) and _REF.match(value):
+                continue
+            values[f.name] = _check(value, hints[f.name], f"{where}: config {f.name!r}")
+        if len(values) < len([f for f in fields(cls) if f.name in config]):
+            return None  # references stand in for some values: checked again once resolved
+        try:
+            return cls(**values)
+        except InvalidArgument as e:  # a model's own checks (__post_init__)
+            raise InvalidArgument(f"{where}: {e}") from e
+
+
+def _check(value: Any, hint: Any, what: str) -> Any:
+    """``value`` as type ``hint`` (str, int, float, bool, Any, Mapping, list, Literal, X | None)."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        errors = []
+        for arm in typing.get_args(hint):
+            if arm is type(None):
+                continue
+            try:
+                return _check(value, arm, what)
+            except InvalidArgument as e:
+                errors.append(str(e))
+        raise InvalidArgument(errors[0] if errors else f"{what} is invalid")
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise InvalidArgument(f"{what} must be one of {list(typing.get_args(hint))}")
+        return value
+    if origin in (list, tuple, Sequence) or hint in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise InvalidArgument(f"{what} must be a list")
+        args = typing.get_args(hint)
+        return [_check(v, args[0], what) for v in value] if args else list(value)
+    if origin in (dict, Mapping) or hint in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(f"{what} must be an object")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{what} must be true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgument(f"{what} must be an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidArgument(f"{what} must be a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str) or not value:
+            raise InvalidArgument(f"{what} must be a non-empty string")
+        return value
+    raise TypeError(f"unsupported config type {hint!r}")
+
+
+# ---------------------------------------------------------------------------- the interface
+
+
+class SourceKind:
+    """Base class of source kinds. One instance per process serves every thread: keep it
+    stateless or thread-safe. Import heavy client libraries inside methods, so importing the
+    gateway never imports them."""
+
+    #: The kind's name as stored in the catalog (set by the registry from the entry point).
+    name: str = ""
+    #: Rank in the primary-key view: data flows hot -> cold, so hotter kinds rank higher.
+    dedupe_tier: ClassVar[int] = 0
+    #: The typed config (a ``SourceConfig`` subclass).
+    config_model: ClassVar[type[SourceConfig]] = SourceConfig
+
+    def plan(self, request: ScanRequest) -> list[ScanTask]:
+        raise NotImplementedError
+
+    def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
+        raise NotImplementedError
+
+    def parse_config(self, source: SourceRef) -> Any:
+        """The source's config as its typed model (resolved configs: at read and write time)."""
+        return self.config_model.parse(source.config, where=f"source {source.name!r}")
+
+    def validate_config(self, name: str, config: Mapping[str, Any]) -> None:
+        """Check a config before it is committed (``${NAME}`` references not yet resolved)."""
+        self.config_model.parse(config, where=f"source {name!r}", allow_refs=True)
+
+    def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
+        """Check a state before it is committed; INVALID_ARGUMENT when it cannot be read."""
+
+    def check(self, source: SourceRef) -> None:
+        """Check a resolved config with a state before it is committed or read; raise
+        INVALID_ARGUMENT when they are unsafe or inconsistent (e.g. file paths in the state
+        that leave the source's root)."""
+
+    def reaches(self, source: SourceRef) -> list[Reach]:
+        """Everything the (resolved) config makes the gateway touch: paths, hosts, URIs. The
+        gateway refuses the source unless each is allowed (docs/security.md). A kind that
+        reaches nothing outside the gateway returns []."""
+        return []
+
+    def tier(self, source: SourceRef) -> int:
+        configured = source.config.get("tier")
+        return int(configured) if configured is not None else self.dedupe_tier
+
+
+@runtime_checkable
+class Appendable(Protocol):
+    """DoPut and small Spark writes: append validated rows (harness names and types) and return
+    the source's new state, idempotently by ``ctx.commit_id``: a retry of the same commit id
+    (after a lost reply or a crash before the harness commit) writes nothing twice."""
+
+    def append(self, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class AdoptsFiles(Protocol):
+    """Engines write Parquet files into ``staging_location`` (executors of a Spark write, a
+    compaction job); ``adopt_files`` makes them part of the source's new state in one step
+    (``replace``: they become its only files, for overwrite and compaction). Idempotent by
+    ``commit_id``."""
+
+    def staging_location(self, source: SourceRef, write_id: str) -> str: ...
+
+    def adopt_files(
+        self,
+        source: SourceRef,
+        files: Sequence[str],
+        *,
+        replace: bool,
+        commit_id: str,
+        relocation: bool,
+    ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class EvolvesSchema(Protocol):
+    """Sources with a schema of their own: apply the additive part of a schema change (new
+    columns, widened types) idempotently, before the harness commits the new schema."""
+
+    def apply_additive(self, source: SourceRef, changes: Sequence[Additive]) -> None: ...
+
+
+@runtime_checkable
+class Streams(Protocol):
+    """Rows added between two states of a source (streaming reads with ``since``).
+
+    ``plan_added(request, before)`` plans tasks reading exactly the rows added from state
+    ``before`` (None: the source did not exist) to ``request.source.state``. A task may be
+    served later at any version (tasks must not depend on the pinned state to find their rows).
+    ``cumulative``: True when that is exact over any number of commits, relocations included
+    (Kafka offsets); False when the gateway must call it commit by commit, skipping commits that
+    relocate rows (files, Iceberg, Postgres).
+    """
+
+    cumulative: bool
+
+    def plan_added(
+        self, request: ScanRequest, before: Mapping[str, Any] | None
+    ) -> list[ScanTask]: ...
+
+
+@dataclass(frozen=True)
+class DirectFiles:
+    """What a client needs to read a task itself: the files (absolute paths or URIs) and their
+    format, and the Parquet field id of each harness column where files carry them (Iceberg)."""
+
+    format: str
+    files: tuple[str, ...]
+    field_ids: Mapping[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ReadsDirect(Protocol):
+    """File-based kinds whose tasks a client may execute where it runs (pinning, planning and
+    permissions stay in the gateway). ``direct_files`` returns None for a task that must go
+    through the gateway (e.g. data files with delete files the client would have to apply)."""
+
+    def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None: ...
+
+
+@runtime_checkable
+class HasCommands(Protocol):
+    """Adds sub-commands to the ``harness-gateway`` CLI (``add_commands`` receives the
+    sub-parser collection; each parser's ``func`` default runs the command)."""
+
+    def add_commands(self, subparsers: Any) -> None: ...

@@ -1,0 +1,86 @@
+"""Writing to a system-versioned Postgres table: DoPut's COPY and additive DDL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from planners.common import to_physical
+from planners.kind import Additive
+from planners.postgres import PostgresConfig
+from planners.postgres.versioning import server_now
+from planners.predicates import quote_ident
+from planners.sqltypes import sql_type
+
+_LOG_DDL = (
+    "CREATE TABLE IF NOT EXISTS harness_doput_log (commit_id text, source text, "
+    "written_at timestamptz DEFAULT now(), PRIMARY KEY (commit_id, source))"
+)
+
+
+def _existing_columns(conn: Any, config: PostgresConfig) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s",
+            (config.schema, config.table),
+        )
+    ]
+
+
+def copy_rows(
+    config: PostgresConfig,
+    source: str,
+    commit_id: str,
+    rows: pa.Table,
+    aliases: Mapping[str, tuple[str, ...]],
+) -> str:
+    """COPY ``rows`` and log ``commit_id`` in one transaction (a retry finds the log row and
+    writes nothing), then return the server clock as the next ``as_of`` (the caller holds the
+    source's lock, as the ``as_of`` protocol requires)."""
+    import psycopg
+
+    with psycopg.connect(config.dsn) as conn:
+        with conn.transaction():
+            conn.execute(_LOG_DDL)
+            done = conn.execute(
+                "SELECT 1 FROM harness_doput_log WHERE commit_id = %s AND source = %s",
+                (commit_id, source),
+            ).fetchone()
+            if done is None:
+                data = to_physical(rows, _existing_columns(conn, config), aliases)
+                cols = ", ".join(quote_ident(c) for c in data.column_names)
+                with conn.cursor().copy(f"COPY {config.qualified()} ({cols}) FROM STDIN") as copy:
+                    for row in data.to_pylist():
+                        copy.write_row(tuple(row.values()))
+                conn.execute(
+                    "INSERT INTO harness_doput_log (commit_id, source) VALUES (%s, %s)",
+                    (commit_id, source),
+                )
+        return server_now(conn)  # after the rows committed
+
+
+def alter_tables(config: PostgresConfig, changes: Sequence[Additive]) -> None:
+    """Additive DDL on the current and the history table (idempotent statements)."""
+    import psycopg
+
+    with psycopg.connect(config.dsn) as conn, conn.transaction():
+        existing = set(_existing_columns(conn, config))
+        for t in (config.table, config.history):
+            target = config.qualified(t)
+            for c in changes:
+                col_type = sql_type(c.type, postgres=True)
+                if c.op == "add":
+                    conn.execute(
+                        f"ALTER TABLE {target} ADD COLUMN IF NOT EXISTS "
+                        f"{quote_ident(c.names[0])} {col_type}"
+                    )
+                    continue
+                phys = next((n for n in c.names if n in existing), None)
+                if phys is not None:
+                    conn.execute(
+                        f"ALTER TABLE {target} ALTER COLUMN {quote_ident(phys)} TYPE {col_type}"
+                    )

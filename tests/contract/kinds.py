@@ -1,0 +1,184 @@
+"""How the contract suite sets up each kind: a source over real storage, and writes made with the
+kind's own library, outside the harness (the way data reaches cold and hot storage in real life).
+
+Adding a kind to the contract suite = adding one ``Adapter`` here and its name to ``ADAPTERS``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+#: The contract's table: one column of each common type.
+ARROW = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
+SCHEMA = [{"name": f.name, "type": str(f.type)} for f in ARROW]
+
+
+@dataclass
+class Env:
+    """What adapters may use: a scratch directory and the session's services."""
+
+    tmp: Path
+    services: Callable[[str], Any]  # pytest's getfixturevalue, for pg_dsn / kafka_bootstrap / ...
+
+
+class Adapter:
+    kind: str = ""
+    #: Services (fixture names) the adapter needs.
+    needs: tuple[str, ...] = ()
+
+    def create(self, env: Env, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A fresh empty physical source: (config, initial state)."""
+        raise NotImplementedError
+
+    def write(
+        self, env: Env, config: Mapping[str, Any], state: Mapping[str, Any], rows: pa.Table
+    ) -> dict[str, Any]:
+        """Append ``rows`` with the kind's own library; the state that makes them visible."""
+        raise NotImplementedError
+
+    def bad_config(self) -> dict[str, Any]:
+        """A config the kind must refuse at commit time."""
+        return {"no_such_key": 1}
+
+
+class FilesAdapter(Adapter):
+    kind = "files"
+
+    def create(self, env: Env, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        root = env.tmp / f"files-{name}"
+        root.mkdir(parents=True)
+        return {"root": str(root)}, {"files": []}
+
+    def write(self, env, config, state, rows):
+        name = f"{uuid.uuid4().hex}.parquet"
+        pq.write_table(rows, Path(config["root"]) / name)
+        return {"files": [*state["files"], name]}
+
+
+class IcebergAdapter(Adapter):
+    kind = "iceberg"
+    needs = ("iceberg",)
+
+    def create(self, env, name):
+        ice = env.services("iceberg")
+        ident = f"contract_{name}_{uuid.uuid4().hex[:6]}"
+        ice.create(ident, ARROW)
+        return ice.source_config(ident), {"snapshot_id": None}
+
+    def write(self, env, config, state, rows):
+        ice = env.services("iceberg")
+        table = ice.catalog.load_table(config["identifier"])
+        table.append(rows)
+        return {"snapshot_id": table.current_snapshot().snapshot_id}
+
+
+class DuckLakeAdapter(Adapter):
+    kind = "ducklake"
+    needs = ("ducklake",)
+
+    def create(self, env, name):
+        lake = env.services("ducklake")
+        table = f"c_{name}_{uuid.uuid4().hex[:6]}"
+        snap = lake.execute(f"CREATE TABLE lake.{table} (id BIGINT, name VARCHAR, amount DOUBLE)")
+        return lake.source_config(table), {"snapshot_id": snap}
+
+    def write(self, env, config, state, rows):
+        from planners.ducklake import connect
+
+        con = connect(config, read_only=False)
+        try:
+            con.register("incoming", rows)
+            cols = ", ".join(f'"{c}"' for c in rows.column_names)
+            con.execute(f"INSERT INTO lake.{config['table']} ({cols}) SELECT {cols} FROM incoming")
+            return {
+                "snapshot_id": int(
+                    con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()[0]
+                )
+            }
+        finally:
+            con.close()
+
+
+class KafkaAdapter(Adapter):
+    kind = "kafka"
+    needs = ("kafka_bootstrap",)
+
+    def create(self, env, name):
+        from tests.gateway.kafka_helpers import new_topic
+
+        bootstrap = env.services("kafka_bootstrap")
+        config = {"bootstrap_servers": bootstrap, "topic": new_topic(bootstrap), "partition": 0}
+        return config, {"low": 0, "high": 0}
+
+    def write(self, env, config, state, rows):
+        from tests.gateway.kafka_helpers import produce
+
+        values = [json.dumps(r).encode() for r in rows.to_pylist()]
+        offsets = produce(config["bootstrap_servers"], config["topic"], values)
+        return {"low": state["low"], "high": max(offsets) + 1}
+
+
+class PostgresAdapter(Adapter):
+    kind = "postgres"
+    needs = ("pg_dsn",)
+
+    def create(self, env, name):
+        from tests.gateway.helpers import versioned_table
+
+        dsn = env.services("pg_dsn")
+        table, as_of = versioned_table(
+            dsn, f"c_{name}", "id bigint, name text, amount double precision"
+        )
+        return {"dsn": dsn, "table": table}, {"as_of": as_of}
+
+    def write(self, env, config, state, rows):
+        import psycopg
+
+        from planners.postgres.versioning import server_now
+
+        cols = ", ".join(f'"{c}"' for c in rows.column_names)
+        marks = ", ".join(["%s"] * rows.num_columns)
+        with psycopg.connect(config["dsn"]) as conn:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(
+                    f'INSERT INTO "{config["table"]}" ({cols}) VALUES ({marks})',
+                    [tuple(r.values()) for r in rows.to_pylist()],
+                )
+            return {"as_of": server_now(conn)}
+
+
+class JsonLinesAdapter(Adapter):
+    """The out-of-tree plugin kind (tests/plugins/harness_jsonl)."""
+
+    kind = "jsonl"
+    needs = ("jsonl_kind",)
+
+    def create(self, env, name):
+        return {"path": str(env.tmp / f"{name}.jsonl")}, {"lines": 0, "bytes": 0}
+
+    def write(self, env, config, state, rows):
+        data = b"".join(json.dumps(r).encode() + b"\n" for r in rows.to_pylist())
+        with open(config["path"], "ab") as f:
+            f.write(data)
+        return {"lines": state["lines"] + rows.num_rows, "bytes": state["bytes"] + len(data)}
+
+
+ADAPTERS: dict[str, Adapter] = {
+    a.kind: a
+    for a in (
+        FilesAdapter(),
+        IcebergAdapter(),
+        DuckLakeAdapter(),
+        KafkaAdapter(),
+        PostgresAdapter(),
+        JsonLinesAdapter(),
+    )
+}
