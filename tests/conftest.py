@@ -8,7 +8,7 @@ import pytest
 
 from clients import HarnessClient
 from tests.gateway.helpers import DuckLakeFixture, IcebergFixture, client_for, running_gateway
-from tests.services import fresh_postgres_database, kafka_broker
+from tests.services import fresh_postgres_database, kafka_broker, postgres_servers
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +16,13 @@ def pg_dsn() -> Iterator[str]:
     """DSN of a PostgreSQL database created for this test session."""
     with fresh_postgres_database() as dsn:
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def pg_shards() -> Iterator[list[str]]:
+    """Admin DSNs of three extra PostgreSQL servers (shards), made for this session."""
+    with postgres_servers(3) as dsns:
+        yield dsns
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

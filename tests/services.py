@@ -72,3 +72,42 @@ def kafka_broker() -> Iterator[str]:
         yield bootstrap
     finally:
         broker.__exit__(None, None, None)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def postgres_servers(count: int, version: str = "15") -> Iterator[list[str]]:
+    """``count`` extra PostgreSQL servers (one cluster each, trust auth on loopback), created for
+    the caller and dropped afterwards; yields their admin DSNs. Stands in for Citus shard
+    placements: each is a separate server process with its own clock and transactions."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pg_createcluster") is None or os.geteuid() != 0:
+        missing("pg_createcluster as root (extra PostgreSQL servers for shards)")
+    names: list[str] = []
+    dsns: list[str] = []
+    try:
+        for i in range(count):
+            name = f"harness_{os.getpid()}_{uuid.uuid4().hex[:6]}_{i}"
+            port = _free_port()
+            subprocess.run(
+                ["pg_createcluster", version, name, "--port", str(port), "--start", "--",
+                 "--auth-host=trust", "--auth-local=trust"],
+                check=True, capture_output=True, timeout=120,
+            )  # fmt: skip
+            names.append(name)
+            dsns.append(f"postgresql://postgres@127.0.0.1:{port}/postgres")
+        yield dsns
+    finally:
+        for name in names:
+            subprocess.run(
+                ["pg_dropcluster", version, name, "--stop"], capture_output=True, timeout=120
+            )
