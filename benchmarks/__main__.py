@@ -21,7 +21,8 @@ RESULTS = Path(__file__).parent / "results"
 
 def _markdown(rows: list[dict]) -> str:
     cols = ["benchmark", "case", "value", "unit", "ratio", "ratio_vs"]
-    cols += [c for c in ("mb_s", "failures", "retries") if any(c in r for r in rows)]
+    extra = ("mb_s", "p50_ms", "p99_ms", "failed", "failures", "retries")
+    cols += [c for c in extra if any(c in r for r in rows)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []

@@ -60,6 +60,7 @@ class Catalog:
         self._locks = Locks(self.engine, poll_s=lock_poll_s, max_wait_s=max_wait_s)
 
     def close(self) -> None:
+        self._commits.close()
         self.engine.dispose()
 
     def __enter__(self) -> Catalog:

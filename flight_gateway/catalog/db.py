@@ -149,9 +149,17 @@ def _migration_1(conn: Connection) -> None:
     metadata.create_all(conn)
 
 
+def _migration_2(conn: Connection) -> None:
+    """The Postgres commit function (one round trip per group of commits)."""
+    if conn.dialect.name == "postgresql":
+        from flight_gateway.catalog.commit.postgres_sql import COMMIT_FUNCTION_V1
+
+        conn.exec_driver_sql(COMMIT_FUNCTION_V1)
+
+
 # Append-only list: migration i (1-based) moves the catalog from schema version i-1 to i.
 # Never edit a released migration; add a new one.
-MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1]
+MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

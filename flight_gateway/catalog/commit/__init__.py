@@ -1,5 +1,6 @@
 """Commits: validated requests (``request``), grouped per table (``group``) and applied in one
-catalog transaction per group (``portable``)."""
+catalog transaction per group: on Postgres by one call of the commit function (``postgres``),
+otherwise, and for schema changes, with SQLAlchemy statements (``portable``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from flight_gateway.catalog.commit import postgres
 from flight_gateway.catalog.commit.group import GroupCommitter, GroupStats
 from flight_gateway.catalog.commit.portable import Outcome, apply_group
 from flight_gateway.catalog.commit.request import CommitRequest, build_request
@@ -24,6 +26,9 @@ __all__ = ["CommitRequest", "Committer", "GroupStats", "build_request"]
 class Committer:
     def __init__(self, engine: Engine, *, group_commit: bool, max_group: int) -> None:
         self._engine = engine
+        self._fast: Engine | None = None
+        if engine.dialect.name == "postgresql":
+            self._fast = postgres.autocommit_engine(engine.url.render_as_string(False))
         self._groups: GroupCommitter[CommitRequest, Outcome] | None = (
             GroupCommitter(self._apply_group, max_group) if group_commit else None
         )
@@ -31,7 +36,13 @@ class Committer:
     def stats(self) -> GroupStats | None:
         return None if self._groups is None else self._groups.stats()
 
+    def close(self) -> None:
+        if self._fast is not None:
+            self._fast.dispose()
+
     def _apply(self, table: str, batch: Sequence[CommitRequest]) -> list[Outcome]:
+        if self._fast is not None and not any(r.schema_changes for r in batch):
+            return postgres.apply_group(self._fast, table, batch)
         with write_tx(self._engine) as conn:
             return apply_group(conn, table, batch)
 
