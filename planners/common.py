@@ -165,9 +165,12 @@ def apply_residual(reader: pa.RecordBatchReader, predicate: Expr) -> pa.RecordBa
     return pa.RecordBatchReader.from_batches(reader.schema, gen())
 
 
+_LOCAL = pafs.LocalFileSystem()
+
+
 def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem and path of a local path or a URI (``file://``, ``s3://``, ...)."""
     if "://" in location:
         fs, path = pafs.FileSystem.from_uri(location)
         return fs, path
-    return pafs.LocalFileSystem(), location
+    return _LOCAL, location  # stateless and thread-safe; making one per call is not free

@@ -156,6 +156,18 @@ class Reach:
 _REF = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A config class's resolved annotations (resolving them per parse is slow, and commits parse
+    the config of every source they update)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
 @dataclass(frozen=True, kw_only=True)
 class SourceConfig:
     """Base of typed source configs; the keys every kind accepts.
@@ -178,7 +190,7 @@ class SourceConfig:
         any type (configs are checked before their references are resolved)."""
         if not isinstance(config, Mapping):
             raise InvalidArgument(f"{where}: config must be an object")
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(cls)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(config) - known)
         if unknown:

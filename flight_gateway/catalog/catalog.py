@@ -28,6 +28,7 @@ from flight_gateway.catalog.model import (
     CommitResult,
     LockGrant,
     LockInfo,
+    SourceDef,
     SourceSpec,
     SourceUpdate,
     TableSnapshot,
@@ -56,11 +57,16 @@ class Catalog:
         self.url = db.normalize_url(url)
         self.engine = db.make_engine(self.url)
         db.migrate(self.engine)
-        self._commits = Committer(self.engine, group_commit=group_commit, max_group=max_group)
-        self._locks = Locks(self.engine, poll_s=lock_poll_s, max_wait_s=max_wait_s)
+        # One-statement transactions (commits, lock steps) on Postgres: one round trip each.
+        self._fast = db.autocommit_engine(self.url) if not db.is_sqlite(self.engine) else None
+        self._commits = Committer(
+            self.engine, self._fast, group_commit=group_commit, max_group=max_group
+        )
+        self._locks = Locks(self.engine, self._fast, poll_s=lock_poll_s, max_wait_s=max_wait_s)
 
     def close(self) -> None:
-        self._commits.close()
+        if self._fast is not None:
+            self._fast.dispose()
         self.engine.dispose()
 
     def __enter__(self) -> Catalog:
@@ -105,6 +111,10 @@ class Catalog:
     ) -> TableSnapshot:
         """The table at ``version`` (or the latest version committed at or before ``as_of``)."""
         return queries.describe(self.engine, name, version, as_of)
+
+    def live_sources(self, name: str, sources: Sequence[str]) -> dict[str, SourceDef]:
+        """Kind, config and partition of the named sources as they are now (cheap: no states)."""
+        return queries.live_sources(self._fast or self.engine, name, list(sources))
 
     def find_commit(self, name: str, commit_id: str) -> int | None:
         """The version a commit id produced, or None if it was never applied."""

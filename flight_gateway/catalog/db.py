@@ -38,6 +38,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from flight_gateway.errors import HarnessError
@@ -150,11 +151,12 @@ def _migration_1(conn: Connection) -> None:
 
 
 def _migration_2(conn: Connection) -> None:
-    """The Postgres commit function (one round trip per group of commits)."""
+    """The Postgres commit and lock functions (one round trip per commit or lock step)."""
     if conn.dialect.name == "postgresql":
-        from flight_gateway.catalog.commit.postgres_sql import COMMIT_FUNCTION_V1
+        from flight_gateway.catalog.commit import postgres_sql
 
-        conn.exec_driver_sql(COMMIT_FUNCTION_V1)
+        conn.exec_driver_sql(postgres_sql.COMMIT_FUNCTION_V1)
+        conn.exec_driver_sql(postgres_sql.LOCK_FUNCTION_V1)
 
 
 # Append-only list: migration i (1-based) moves the catalog from schema version i-1 to i.
@@ -205,6 +207,35 @@ def make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_size=8, max_overflow=32, pool_pre_ping=True)
+
+
+def autocommit_engine(url: str) -> Engine:
+    """Postgres connections for one-statement transactions (the commit and lock functions).
+
+    In autocommit mode the statement is its own transaction: no BEGIN or COMMIT round trips.
+    No ping before use either (another round trip): callers retry once on a dead connection,
+    which is safe because what they send is idempotent (commit ids, lock ids).
+    """
+    return create_engine(
+        normalize_url(url),
+        isolation_level="AUTOCOMMIT",
+        # Kept open, not closed on return: a busy gateway has a few dozen commits in flight.
+        pool_size=32,
+        max_overflow=32,
+        pool_reset_on_return=None,
+    )
+
+
+def call_once_retried(engine: Engine, sql: str, params: tuple[Any, ...]) -> Any:
+    """One statement on ``engine``; retried once if the pooled connection was dead."""
+    for attempt in (1, 2):
+        try:
+            with engine.connect() as conn:
+                return conn.exec_driver_sql(sql, params).scalar()
+        except DBAPIError as e:
+            if attempt == 2 or not e.connection_invalidated:
+                raise
+    raise AssertionError("unreachable")
 
 
 @contextmanager

@@ -57,6 +57,16 @@ class SourceUpdate:
 
 
 @dataclass(frozen=True)
+class SourceDef:
+    """What a source is, as fixed when it was added (a state update never changes it)."""
+
+    name: str
+    kind: str
+    config: Mapping[str, Any]
+    partition: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class SourceSnapshot:
     """A source as of one table version."""
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, func, select
 
-from flight_gateway.catalog.db import read_tx, schemas, tables, versions
+from flight_gateway.catalog.db import read_tx, schemas, sources, tables, versions
 from flight_gateway.catalog.in_force import kv_at, sources_at
-from flight_gateway.catalog.model import CommitInfo, SourceSnapshot, TableSnapshot
+from flight_gateway.catalog.model import CommitInfo, SourceDef, SourceSnapshot, TableSnapshot
 from flight_gateway.catalog.schema import Schema
 from flight_gateway.catalog.validation import check_positive_int
 from flight_gateway.errors import InvalidArgument, NotFound
@@ -152,3 +152,18 @@ def history(engine: Engine, name: str, limit: int | None = None) -> list[CommitI
 def list_tables(engine: Engine) -> list[str]:
     with read_tx(engine) as conn:
         return [r[0] for r in conn.execute(select(tables.c.name).order_by(tables.c.name))]
+
+
+def live_sources(engine: Engine, table: str, names: list[str]) -> dict[str, SourceDef]:
+    """The named sources of ``table`` as they are now (missing names are left out); one
+    statement, so a caller on an autocommit engine pays one round trip."""
+    q = (
+        select(sources.c.name, sources.c.kind, sources.c.config, sources.c.partition)
+        .join(tables, tables.c.id == sources.c.table_id)
+        .where(
+            tables.c.name == table, sources.c.removed_version.is_(None), sources.c.name.in_(names)
+        )
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(q).all()
+    return {r.name: SourceDef(r.name, r.kind, dict(r.config), dict(r.partition)) for r in rows}

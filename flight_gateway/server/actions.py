@@ -89,6 +89,7 @@ def drop_table(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, A
     table = _table(body)
     who.require("admin", table)
     gw.catalog.drop_table(table)
+    gw.source_defs.forget(table)
     return {}
 
 
@@ -125,12 +126,7 @@ def commit(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     table = _table(body)
     who.require("admin" if any(body.get(k) for k in _ADMIN_FIELDS) else "write", table)
     if body.get("add_sources") or body.get("updates"):
-        check_commit(
-            gw,
-            gw.catalog.describe(table),
-            _list(body, "add_sources"),
-            _list(body, "updates"),
-        )
+        check_commit(gw, table, _list(body, "add_sources"), _list(body, "updates"))
     res = gw.catalog.commit(
         table,
         body.get("commit_id"),  # type: ignore[arg-type]  # validated by the catalog
@@ -144,6 +140,8 @@ def commit(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
         schema_changes=body.get("schema_changes"),
         summary=body.get("summary"),
     )
+    if body.get("add_sources") or body.get("remove_sources"):
+        gw.source_defs.forget(table)
     return {"version": res.version, "applied": res.applied, "schema_id": res.schema_id}
 
 

@@ -45,7 +45,7 @@ def bind(
 
 def check_commit(
     gw: Gateway,
-    snap: TableSnapshot,
+    table: str,
     add_sources: Sequence[Mapping[str, Any]],
     updates: Sequence[Mapping[str, Any]],
 ) -> None:
@@ -58,9 +58,9 @@ def check_commit(
         kind.validate_state(spec.name, spec.state)
         gw.secrets.check(spec.config, where=f"source {spec.name!r} config")
         kind.check(_ref(gw, kind, spec.name, spec.kind, spec.config, spec.partition, spec.state))
-    known = {s.name: s for s in snap.sources}
-    for raw in updates:
-        up = SourceUpdate.from_json(raw)
+    ups = [SourceUpdate.from_json(raw) for raw in updates]
+    known = gw.source_defs.get(table, [u.source for u in ups]) if ups else {}
+    for up in ups:
         if up.source in known:  # an unknown source is the catalog's NOT_FOUND
             s = known[up.source]
             kind = get_kind(s.kind)

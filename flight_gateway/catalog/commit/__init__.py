@@ -24,21 +24,19 @@ __all__ = ["CommitRequest", "Committer", "GroupStats", "build_request"]
 
 
 class Committer:
-    def __init__(self, engine: Engine, *, group_commit: bool, max_group: int) -> None:
+    def __init__(
+        self, engine: Engine, fast: Engine | None, *, group_commit: bool, max_group: int
+    ) -> None:
+        """``fast``: autocommit connections to call the Postgres commit function (None on
+        SQLite)."""
         self._engine = engine
-        self._fast: Engine | None = None
-        if engine.dialect.name == "postgresql":
-            self._fast = postgres.autocommit_engine(engine.url.render_as_string(False))
+        self._fast = fast
         self._groups: GroupCommitter[CommitRequest, Outcome] | None = (
             GroupCommitter(self._apply_group, max_group) if group_commit else None
         )
 
     def stats(self) -> GroupStats | None:
         return None if self._groups is None else self._groups.stats()
-
-    def close(self) -> None:
-        if self._fast is not None:
-            self._fast.dispose()
 
     def _apply(self, table: str, batch: Sequence[CommitRequest]) -> list[Outcome]:
         if self._fast is not None and not any(r.schema_changes for r in batch):

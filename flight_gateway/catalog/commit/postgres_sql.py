@@ -1,4 +1,4 @@
-"""The Postgres commit function: a group of commits applied in one statement.
+"""The Postgres commit function (a group of commits applied in one statement) and lock step.
 
 ``harness_commit_group(table, commits)`` does on the server what ``portable.apply_group`` does
 with SQLAlchemy: take the table's row lock, run each commit's checks (idempotent commit id,
@@ -155,6 +155,71 @@ BEGIN
         UPDATE harness_tables SET current_version = cur WHERE id = t.id;
     END IF;
     RETURN outcomes;
+END
+$fn$;
+"""
+
+LOCK_FUNCTION_V1 = r"""
+CREATE OR REPLACE FUNCTION harness_lock_step(
+    p_table text, p_lock_id text, p_owner text, p_sources jsonb, p_ttl double precision,
+    p_enqueue boolean, p_heartbeat double precision
+) RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+    t harness_tables;
+    now_ts double precision := extract(epoch FROM clock_timestamp());
+    wanted text[] := ARRAY(SELECT jsonb_array_elements_text(p_sources));
+    missing text[];
+    mine record;
+    blockers text[];
+    token bigint;
+BEGIN
+    SELECT * INTO t FROM harness_tables WHERE name = p_table FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('error', 'no_table');
+    END IF;
+    DELETE FROM harness_locks hl WHERE hl.table_id = t.id AND hl.expires_at <= now_ts;
+    missing := ARRAY(SELECT w FROM unnest(wanted) w WHERE NOT EXISTS (
+        SELECT 1 FROM harness_sources s
+         WHERE s.table_id = t.id AND s.name = w AND s.removed_version IS NULL) ORDER BY w);
+    IF cardinality(missing) > 0 THEN
+        RETURN jsonb_build_object('missing', to_jsonb(missing));
+    END IF;
+    SELECT hl.seq INTO mine FROM harness_locks hl WHERE hl.lock_id = p_lock_id;
+    -- Overlapping holders, and waiters queued before this request: nobody overtakes them.
+    blockers := ARRAY(
+        SELECT DISTINCT hl.owner || CASE WHEN hl.granted THEN ' (holds)' ELSE ' (waits)' END
+          FROM harness_locks hl
+         WHERE hl.table_id = t.id AND hl.lock_id <> p_lock_id
+           AND EXISTS (SELECT 1 FROM json_array_elements_text(hl.sources) x
+                        WHERE x = ANY(wanted))
+           AND (hl.granted OR mine.seq IS NULL OR hl.seq < mine.seq));
+    IF cardinality(blockers) = 0 THEN
+        token := t.next_fencing_token;
+        UPDATE harness_tables SET next_fencing_token = token + 1 WHERE id = t.id;
+        IF mine.seq IS NOT NULL THEN
+            UPDATE harness_locks SET granted = true, fencing_token = token,
+                   expires_at = now_ts + p_ttl, ttl_s = p_ttl
+             WHERE lock_id = p_lock_id;
+        ELSE
+            INSERT INTO harness_locks (lock_id, table_id, owner, sources, granted,
+                                       fencing_token, expires_at, ttl_s)
+            VALUES (p_lock_id, t.id, p_owner, p_sources::json, true, token,
+                    now_ts + p_ttl, p_ttl);
+        END IF;
+        RETURN jsonb_build_object('token', token, 'expires_at', now_ts + p_ttl);
+    END IF;
+    IF p_enqueue THEN
+        IF mine.seq IS NOT NULL THEN
+            UPDATE harness_locks SET expires_at = now_ts + p_heartbeat
+             WHERE lock_id = p_lock_id;
+        ELSE
+            INSERT INTO harness_locks (lock_id, table_id, owner, sources, granted,
+                                       expires_at, ttl_s)
+            VALUES (p_lock_id, t.id, p_owner, p_sources::json, false,
+                    now_ts + p_heartbeat, p_ttl);
+        END IF;
+    END IF;
+    RETURN jsonb_build_object('blockers', to_jsonb(ARRAY(SELECT unnest(blockers) ORDER BY 1)));
 END
 $fn$;
 """
