@@ -1,4 +1,4 @@
-"""``files`` sources: an explicit list of Parquet / ORC / Arrow IPC / CSV files.
+"""``files`` sources: an explicit list of Parquet / ORC / Arrow IPC / CSV / Avro files.
 
 State ``{"files": [paths]}`` (relative to config ``root`` or absolute); exactly those files are
 visible. Projection and the predicate go into a ``pyarrow.dataset`` scanner per file (row-group
@@ -23,6 +23,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from flight_gateway.errors import InvalidArgument, Unavailable
+from planners.avro import read_avro
 from planners.common import (
     DEFAULT_BATCH_ROWS,
     apply_residual,
@@ -53,12 +54,13 @@ FORMATS = {
     "ipc": "ipc",
     "feather": "ipc",
     "csv": "csv",
+    "avro": "avro",  # decoded by fastavro (planners.avro), not by pyarrow.dataset
 }
 
 
 @dataclass(frozen=True, kw_only=True)
 class FilesConfig(SourceConfig):
-    format: Literal["parquet", "orc", "arrow", "ipc", "feather", "csv"] = "parquet"
+    format: Literal["parquet", "orc", "arrow", "ipc", "feather", "csv", "avro"] = "parquet"
     #: Directory (path or URI) the file names are relative to; needed for writes.
     root: str | None = None
 
@@ -166,16 +168,24 @@ class FilesKind(SourceKind):
 
         def one(path: str) -> pa.RecordBatchReader:
             try:
-                dataset = ds.dataset(path, format=fmt, filesystem=fs)
-            except (FileNotFoundError, OSError) as e:
+                data: Any = (
+                    read_avro(fs, path, DEFAULT_BATCH_ROWS)
+                    if fmt == "avro"
+                    else ds.dataset(path, format=fmt, filesystem=fs)
+                )
+            except (FileNotFoundError, OSError, ValueError) as e:
                 raise Unavailable(f"source {src.name!r}: cannot open {path!r}: {e}") from e
-            mapping = physical_names(cols, dataset.schema.names)
+            mapping = physical_names(cols, data.schema.names)
             pred = pushdown(request, mapping)
-            scanner = dataset.scanner(
-                columns=sorted(set(mapping.values())),
-                filter=to_arrow(pred, dataset.schema) if pred is not None else None,
-                batch_size=DEFAULT_BATCH_ROWS,
-                use_threads=True,
+            options = {
+                "columns": sorted(set(mapping.values())),
+                "filter": to_arrow(pred, data.schema) if pred is not None else None,
+                "batch_size": DEFAULT_BATCH_ROWS,
+            }
+            scanner = (
+                ds.Scanner.from_batches(data, **options)
+                if fmt == "avro"
+                else data.scanner(use_threads=True, **options)
             )
             out = conform(scanner.to_reader(), cols, mapping)
             if request.predicate is not None and pred is None:
@@ -194,6 +204,8 @@ class FilesKind(SourceKind):
 
     def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None:
         config: FilesConfig = self.parse_config(request.source)
+        if FORMATS[config.format] == "avro":
+            return None  # clients read Parquet/ORC/IPC/CSV with pyarrow; Avro goes through us
         fs, paths = resolve_paths(config.root, list(task.payload["files"]))
         if isinstance(fs, pafs.LocalFileSystem):
             paths = [os.path.abspath(p) for p in paths]

@@ -28,6 +28,7 @@ BUILTIN: dict[str, tuple[str, str]] = {
     "flight": ("planners.flight:FlightKind", "core"),
     "kafka": ("planners.kafka:KafkaKind", "kafka"),
     "postgres": ("planners.postgres:PostgresKind", "postgres"),
+    "delta": ("planners.delta:DeltaKind", "delta"),
 }
 
 _instances: dict[str, SourceKind] = {}

@@ -48,7 +48,7 @@ def evolve_schema(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str
             continue  # schema on read: nothing to change in the source
         try:
             kind.apply_additive(ref, additive)
-        except HarnessError as e:
+        except (HarnessError, NotImplementedError) as e:  # the caller's change, not an outage
             raise type(e)(
                 f"schema change not applied to source {s.name!r} ({s.kind}): {e}; "
                 "the harness schema is unchanged"

@@ -31,8 +31,12 @@ class Env:
 
 class Adapter:
     kind: str = ""
+    #: The adapter's name in test ids (a kind may have several, e.g. one per file format).
+    name: str = ""
     #: Services (fixture names) the adapter needs.
     needs: tuple[str, ...] = ()
+    #: Capabilities the kind has but not for this adapter's sources (e.g. DoPut into Avro).
+    lacks: tuple[str, ...] = ()
 
     def create(self, env: Env, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """A fresh empty physical source: (config, initial state)."""
@@ -60,6 +64,32 @@ class FilesAdapter(Adapter):
     def write(self, env, config, state, rows):
         name = f"{uuid.uuid4().hex}.parquet"
         pq.write_table(rows, Path(config["root"]) / name)
+        return {"files": [*state["files"], name]}
+
+
+class AvroFilesAdapter(Adapter):
+    """``files`` sources of Avro container files written with fastavro."""
+
+    kind = "files"
+    name = "files-avro"
+    lacks = ("append", "direct")
+
+    def create(self, env: Env, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        root = env.tmp / f"avro-{name}"
+        root.mkdir(parents=True)
+        return {"root": str(root), "format": "avro"}, {"files": []}
+
+    def write(self, env, config, state, rows):
+        import fastavro
+
+        fields = []
+        for f in rows.schema:
+            avro = {"int64": "long", "string": "string", "double": "double"}[str(f.type)]
+            fields.append({"name": f.name, "type": ["null", avro]})
+        schema = {"type": "record", "name": "row", "fields": fields}
+        name = f"{uuid.uuid4().hex}.avro"
+        with open(Path(config["root"]) / name, "wb") as out:
+            fastavro.writer(out, fastavro.parse_schema(schema), rows.to_pylist())
         return {"files": [*state["files"], name]}
 
 
@@ -155,6 +185,28 @@ class PostgresAdapter(Adapter):
             return {"as_of": server_now(conn)}
 
 
+class DeltaAdapter(Adapter):
+    """Delta tables created and appended to by delta-rs itself."""
+
+    kind = "delta"
+
+    def create(self, env, name):
+        from deltalake import write_deltalake
+
+        uri = str(env.tmp / f"delta-{name}")
+        write_deltalake(uri, ARROW.empty_table())
+        return {"uri": uri}, {"version": 0}
+
+    def write(self, env, config, state, rows):
+        from deltalake import DeltaTable, write_deltalake
+
+        write_deltalake(config["uri"], rows, mode="append")
+        return {"version": DeltaTable(config["uri"]).version()}
+
+    def bad_config(self):
+        return {"uri": 42}
+
+
 class JsonLinesAdapter(Adapter):
     """The out-of-tree plugin kind (tests/plugins/harness_jsonl)."""
 
@@ -172,13 +224,15 @@ class JsonLinesAdapter(Adapter):
 
 
 ADAPTERS: dict[str, Adapter] = {
-    a.kind: a
+    a.name or a.kind: a
     for a in (
         FilesAdapter(),
+        AvroFilesAdapter(),
         IcebergAdapter(),
         DuckLakeAdapter(),
         KafkaAdapter(),
         PostgresAdapter(),
+        DeltaAdapter(),
         JsonLinesAdapter(),
     )
 }

@@ -136,8 +136,9 @@ def test_schema_evolution(harness: Harness) -> None:
 
 
 def test_idempotent_append(harness: Harness) -> None:
-    if not isinstance(registry.get_kind(harness.adapter.kind), Appendable):
-        pytest.skip(f"{harness.adapter.kind} does not accept appends")
+    kind = registry.get_kind(harness.adapter.kind)
+    if not isinstance(kind, Appendable) or "append" in harness.adapter.lacks:
+        pytest.skip(f"{harness.adapter.name or harness.adapter.kind} does not accept appends")
     _table(harness)
     harness.add("s")
     commit = uuid.uuid4().hex
@@ -175,8 +176,9 @@ def test_bad_config_is_refused_at_commit(harness: Harness) -> None:
 
 
 def test_direct_reads_equal_flight_reads(harness: Harness) -> None:
-    if not isinstance(registry.get_kind(harness.adapter.kind), ReadsDirect):
-        pytest.skip(f"{harness.adapter.kind} has no direct tasks")
+    kind = registry.get_kind(harness.adapter.kind)
+    if not isinstance(kind, ReadsDirect) or "direct" in harness.adapter.lacks:
+        pytest.skip(f"{harness.adapter.name or harness.adapter.kind} has no direct tasks")
     _table(harness)
     config, state = harness.adapter.create(harness.env, "s")
     harness.configs["s"] = config
