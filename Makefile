@@ -11,8 +11,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# pypaimon's metadata pins pyarrow<20 although it works with ours: install it without its
+# declared dependencies; the `paimon` extra (in `all`) lists the ones it really needs.
+PYPAIMON := pypaimon==2.1.0
+
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet -e ".[all,dev]"
+	$(PY) -m pip install --quiet --no-deps "$(PYPAIMON)"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -29,6 +29,7 @@ BUILTIN: dict[str, tuple[str, str]] = {
     "kafka": ("planners.kafka:KafkaKind", "kafka"),
     "postgres": ("planners.postgres:PostgresKind", "postgres"),
     "delta": ("planners.delta:DeltaKind", "delta"),
+    "paimon": ("planners.paimon:PaimonKind", "paimon"),
 }
 
 _instances: dict[str, SourceKind] = {}

@@ -207,6 +207,40 @@ class DeltaAdapter(Adapter):
         return {"uri": 42}
 
 
+class PaimonAdapter(Adapter):
+    """Append-only Paimon tables created and written by pypaimon itself."""
+
+    kind = "paimon"
+
+    def create(self, env, name):
+        from pypaimon import CatalogFactory, Schema
+
+        warehouse = str(env.tmp / "paimon")
+        catalog = CatalogFactory.create({"warehouse": warehouse})
+        catalog.create_database("contract", True)
+        ident = f"contract.t_{name}_{uuid.uuid4().hex[:6]}"
+        catalog.create_table(ident, Schema.from_pyarrow_schema(ARROW), False)
+        return {"warehouse": warehouse, "identifier": ident}, {"snapshot_id": None}
+
+    def write(self, env, config, state, rows):
+        from pypaimon import CatalogFactory
+
+        table = CatalogFactory.create({"warehouse": config["warehouse"]}).get_table(
+            config["identifier"]
+        )
+        builder = table.new_batch_write_builder()
+        write, commit = builder.new_write(), builder.new_commit()
+        names = [f.name for f in table.fields]
+        write.write_arrow(rows.select([n for n in names if n in rows.column_names]))
+        commit.commit(write.prepare_commit())
+        write.close()
+        commit.close()
+        return {"snapshot_id": table.snapshot_manager().get_latest_snapshot().id}
+
+    def bad_config(self):
+        return {"warehouse": "/nowhere"}  # no identifier
+
+
 class JsonLinesAdapter(Adapter):
     """The out-of-tree plugin kind (tests/plugins/harness_jsonl)."""
 
@@ -233,6 +267,7 @@ ADAPTERS: dict[str, Adapter] = {
         KafkaAdapter(),
         PostgresAdapter(),
         DeltaAdapter(),
+        PaimonAdapter(),
         JsonLinesAdapter(),
     )
 }

@@ -1,0 +1,311 @@
+"""``paimon`` sources: one Apache Paimon table (pypaimon, filesystem catalog) at a pinned snapshot.
+
+Config: ``warehouse`` (path or URI of the filesystem catalog), ``identifier`` (``"db.table"``)
+and optional ``catalog_options``. State: ``{"snapshot_id": int | null}`` (null: no snapshot
+published yet, so no rows).
+
+Planning opens the table with ``scan.snapshot-id`` and asks pypaimon for splits with the
+projection, the partition filter and the row filter (pruning only: the gateway applies the
+exact residual); splits are grouped into tasks by size and named in tickets by their files.
+Primary-key tables are read merged (merge on read, by pypaimon), one split at a time.
+
+Writes: DoPut appends one batch commit whose snapshot carries the harness commit id, so a
+retry finds it. Schema changes: added columns through ``alter_table``; widening is refused.
+Streaming (append-only tables): the data files that the append snapshots between two states
+added; primary-key tables have no "rows added" and refuse ``since``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
+from flight_gateway.protocol import operations as ops
+from planners.common import (
+    conform,
+    empty_reader,
+    group_by_size,
+    physical_names,
+    pushdown,
+    to_physical,
+)
+from planners.kind import (
+    Additive,
+    AppendContext,
+    Reach,
+    ScanRequest,
+    ScanTask,
+    SourceConfig,
+    SourceKind,
+    SourceRef,
+)
+from planners.predicates.ast import And, Between, Cmp, Expr, In, IsNull, StartsWith
+
+_catalogs: dict[str, Any] = {}
+_plans: OrderedDict[str, tuple[Any, dict[str, str], list[Any]]] = OrderedDict()
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PaimonConfig(SourceConfig):
+    #: Warehouse of the filesystem catalog (path or URI).
+    warehouse: str
+    #: ``"database.table"``.
+    identifier: str
+    #: Further catalog options (e.g. object-store credentials; may use ``${NAME}``).
+    catalog_options: dict[str, str] = field(default_factory=dict)
+
+
+def _snapshot_id(source: str, state: Mapping[str, Any]) -> int | None:
+    snap = state.get("snapshot_id")
+    if snap is not None and (isinstance(snap, bool) or not isinstance(snap, int)):
+        raise InvalidArgument(f"source {source!r}: snapshot_id must be an integer, got {snap!r}")
+    return snap
+
+
+def load_table(config: PaimonConfig) -> Any:
+    from pypaimon import CatalogFactory
+
+    key = json.dumps([config.warehouse, config.catalog_options], sort_keys=True)
+    with _lock:
+        cat = _catalogs.get(key)
+        if cat is None:
+            try:
+                cat = CatalogFactory.create(
+                    {**config.catalog_options, "warehouse": config.warehouse}
+                )
+            except Exception as e:
+                raise Unavailable(f"cannot open the Paimon catalog: {e}") from e
+            _catalogs[key] = cat
+    try:
+        return cat.get_table(config.identifier)
+    except Exception as e:  # TableNotExistException, DatabaseNotExistException
+        raise NotFound(f"Paimon table {config.identifier!r} does not exist ({e})") from e
+
+
+def to_paimon(expr: Expr | None, builder: Any) -> Any:
+    """The top-level conjuncts pypaimon can prune with; anything else prunes nothing."""
+    if expr is None:
+        return None
+    items = expr.items if isinstance(expr, And) else (expr,)
+    parts = [p for p in (_conjunct(e, builder) for e in items) if p is not None]
+    return builder.and_predicates(parts) if parts else None
+
+
+def _conjunct(e: Expr, b: Any) -> Any:
+    if isinstance(e, Cmp) and e.value is not None:
+        method = {
+            "=": b.equal,
+            "!=": b.not_equal,
+            "<": b.less_than,
+            "<=": b.less_or_equal,
+            ">": b.greater_than,
+            ">=": b.greater_or_equal,
+        }[e.op]
+        return method(e.column, e.value)
+    if isinstance(e, In) and e.values and None not in e.values:
+        return b.is_in(e.column, list(e.values))
+    if isinstance(e, IsNull):
+        return b.is_null(e.column)
+    if isinstance(e, Between) and e.low is not None and e.high is not None:
+        return b.between(e.column, e.low, e.high)
+    if isinstance(e, StartsWith):
+        return b.startswith(e.column, e.prefix)
+    return None
+
+
+def _names(split: Any) -> list[str]:
+    return [f.file_name for f in split.files]
+
+
+def _size(split: Any) -> int:
+    return int(sum(f.file_size for f in split.files))
+
+
+class PaimonKind(SourceKind):
+    config_model = PaimonConfig
+    cumulative = False
+
+    def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
+        _snapshot_id(name, state)
+
+    def reaches(self, source: SourceRef) -> list[Reach]:
+        return [Reach("path", "warehouse", self.parse_config(source).warehouse)]
+
+    # ------------------------------------------------------------------ reading
+
+    def _scan(self, request: ScanRequest) -> tuple[Any, dict[str, str], list[Any]]:
+        """(read builder, name mapping, splits), cached per pinned request: a snapshot never
+        changes, so DoGet calls reuse the plan."""
+        src = request.source
+        snap = _snapshot_id(src.name, src.state)
+        key = json.dumps(
+            [
+                src.config.get("warehouse"),
+                src.config.get("identifier"),
+                snap,
+                [(c.name, c.aliases) for c in request.columns],
+                repr(request.predicate),
+            ],
+            sort_keys=True,
+            default=str,
+        )
+        with _lock:
+            hit = _plans.get(key)
+            if hit is not None:
+                _plans.move_to_end(key)
+                return hit
+        table = load_table(self.parse_config(src))
+        if table.snapshot_manager().get_snapshot_by_id(snap) is None:
+            raise NotFound(f"source {src.name!r}: Paimon snapshot {snap} does not exist (expired?)")
+        pinned = table.copy({"scan.snapshot-id": str(snap)})
+        names = [f.name for f in pinned.fields]
+        mapping = physical_names(request.columns, names)
+        rb = pinned.new_read_builder()
+        rb = rb.with_projection(sorted(set(mapping.values())) or names[:1])
+        predicate = to_paimon(pushdown(request, mapping), rb.new_predicate_builder())
+        if predicate is not None:
+            rb = rb.with_filter(predicate)
+        result = (rb, mapping, list(rb.new_scan().plan().splits()))
+        with _lock:
+            _plans[key] = result
+            while len(_plans) > 256:
+                _plans.popitem(last=False)
+        return result
+
+    def _tasks(self, request: ScanRequest, splits: list[Any]) -> list[ScanTask]:
+        request.check_task_count(len(splits))
+        groups = group_by_size(
+            [(_names(s), _size(s)) for s in splits],
+            self.parse_config(request.source).target_task_bytes,
+        )
+        return [ScanTask(request.source.name, {"splits": g}) for g in groups]
+
+    def plan(self, request: ScanRequest) -> list[ScanTask]:
+        if _snapshot_id(request.source.name, request.source.state) is None:
+            return []
+        _, _, splits = self._scan(request)
+        return self._tasks(request, splits)
+
+    def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
+        cols = request.columns
+        if _snapshot_id(request.source.name, request.source.state) is None:
+            return empty_reader(cols)
+        rb, mapping, splits = self._scan(request)
+        wanted = {n for split in task.payload["splits"] for n in split}
+        chosen = [s.filter_file(lambda f: f.file_name in wanted) for s in splits]
+        mine = [s for s in chosen if s is not None]
+        if sum(len(s.files) for s in mine) != len(wanted):
+            raise NotFound(f"source {request.source.name!r}: ticket names files not in snapshot")
+        reader = rb.new_read().to_arrow_batch_reader(mine)
+        return conform(reader, cols, mapping)
+
+    def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
+        src = request.source
+        until = _snapshot_id(src.name, src.state)
+        since = _snapshot_id(src.name, before) if before else None
+        if until is None or until == since:
+            return []
+        table = load_table(self.parse_config(src))
+        if table.is_primary_key_table:
+            raise InvalidArgument(
+                f"source {src.name!r}: a Paimon primary-key table has no 'rows added' between "
+                "snapshots (updates merge); read it without 'since'"
+            )
+        manager = table.snapshot_manager()
+        added: set[str] = set()
+        previous = _files_at(table, since)
+        for sid in range(since + 1 if since is not None else 1, until + 1):
+            snap = manager.get_snapshot_by_id(sid)
+            if snap is None:
+                continue  # expired: its files are either still in a later plan or gone
+            current = _files_at(table, sid)
+            if not ops.snapshot_is_relocation(dict(snap.properties or {})):
+                added |= current - previous
+            previous = current
+        _, _, splits = self._scan(request)
+        chosen = [s.filter_file(lambda f: f.file_name in added) for s in splits]
+        return self._tasks(request, [s for s in chosen if s is not None])
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]:
+        from pypaimon.schema.data_types import PyarrowFieldParser
+
+        src = ctx.source
+        table = load_table(self.parse_config(src))
+        found = _committed(table, _snapshot_id(src.name, src.state), ctx.commit_id)
+        if found is not None:  # an earlier try of this commit appended already
+            return {**src.state, "snapshot_id": found}
+        schema = pa.schema(PyarrowFieldParser.from_paimon_schema(table.fields))
+        data = to_physical(rows, schema.names, ctx.aliases)
+        for f in schema:
+            if f.name not in data.column_names:
+                data = data.append_column(f.name, pa.nulls(data.num_rows, f.type))
+        builder = table.new_batch_write_builder()
+        write, commit = builder.new_write(), builder.new_commit()
+        try:
+            write.write_arrow(data.select(schema.names).cast(schema))
+            commit.commit(
+                write.prepare_commit(), snapshot_properties={ops.SNAP_COMMIT_ID: ctx.commit_id}
+            )
+        finally:
+            write.close()
+            commit.close()
+        pinned = _snapshot_id(src.name, src.state)
+        found = _committed(load_table(self.parse_config(src)), pinned, ctx.commit_id)
+        if found is None:
+            raise Unavailable(f"source {src.name!r}: the Paimon commit is not in the table")
+        return {**src.state, "snapshot_id": found}
+
+    def apply_additive(self, source: SourceRef, changes: Sequence[Additive]) -> None:
+        from pypaimon.schema.data_types import PyarrowFieldParser
+        from pypaimon.schema.schema_change import SchemaChange
+
+        config: PaimonConfig = self.parse_config(source)
+        table = load_table(config)
+        names = {f.name for f in table.fields}
+        todo = []
+        for c in changes:
+            phys = next((n for n in c.names if n in names), None)
+            if c.op == "add" and phys is None:
+                paimon_type = PyarrowFieldParser.to_paimon_type(c.type, True)
+                todo.append(SchemaChange.add_column(c.names[0], paimon_type))
+            elif c.op == "widen" and phys is not None:
+                raise NotImplementedError(
+                    f"source {source.name!r}: widening Paimon column {phys!r} is not supported "
+                    "by pypaimon; add a new column instead"
+                )
+        if todo:
+            catalog = _catalogs[
+                json.dumps([config.warehouse, config.catalog_options], sort_keys=True)
+            ]
+            catalog.alter_table(config.identifier, todo)
+
+
+def _files_at(table: Any, snapshot_id: int | None) -> set[str]:
+    if snapshot_id is None:
+        return set()
+    pinned = table.copy({"scan.snapshot-id": str(snapshot_id)})
+    splits = pinned.new_read_builder().new_scan().plan().splits()
+    return {n for s in splits for n in _names(s)}
+
+
+def _committed(table: Any, after: int | None, commit_id: str) -> int | None:
+    """The snapshot after ``after`` whose properties carry ``commit_id``, if any."""
+    manager = table.snapshot_manager()
+    latest = manager.get_latest_snapshot()
+    if latest is None:
+        return None
+    for sid in range(latest.id, (after or 0), -1):
+        snap = manager.get_snapshot_by_id(sid)
+        if snap is not None and (snap.properties or {}).get(ops.SNAP_COMMIT_ID) == commit_id:
+            return int(snap.id)
+    return None
