@@ -61,6 +61,9 @@ class PaimonConfig(SourceConfig):
     identifier: str
     #: Further catalog options (e.g. object-store credentials; may use ``${NAME}``).
     catalog_options: dict[str, str] = field(default_factory=dict)
+    #: Only this Paimon partition (``{"column": value}``): one harness source per partition of
+    #: one table, each pinned at its own snapshot and written by its own mover.
+    partition: dict[str, Any] = field(default_factory=dict)
 
 
 def _snapshot_id(source: str, state: Mapping[str, Any]) -> int | None:
@@ -148,8 +151,7 @@ class PaimonKind(SourceKind):
         snap = _snapshot_id(src.name, src.state)
         key = json.dumps(
             [
-                src.config.get("warehouse"),
-                src.config.get("identifier"),
+                src.config,  # all of it: sources of one table differ by partition
                 snap,
                 [(c.name, c.aliases) for c in request.columns],
                 repr(request.predicate),
@@ -168,7 +170,7 @@ class PaimonKind(SourceKind):
         pinned = table.copy({"scan.snapshot-id": str(snap)})
         names = [f.name for f in pinned.fields]
         mapping = physical_names(request.columns, names)
-        rb = pinned.new_read_builder()
+        rb = _partition_scoped(pinned.new_read_builder(), self.parse_config(src))
         rb = rb.with_projection(sorted(set(mapping.values())) or names[:1])
         predicate = to_paimon(pushdown(request, mapping), rb.new_predicate_builder())
         if predicate is not None:
@@ -220,13 +222,14 @@ class PaimonKind(SourceKind):
                 "snapshots (updates merge); read it without 'since'"
             )
         manager = table.snapshot_manager()
+        config: PaimonConfig = self.parse_config(src)
         added: set[str] = set()
-        previous = _files_at(table, since)
+        previous = _files_at(table, config, since)
         for sid in range(since + 1 if since is not None else 1, until + 1):
             snap = manager.get_snapshot_by_id(sid)
             if snap is None:
                 continue  # expired: its files are either still in a later plan or gone
-            current = _files_at(table, sid)
+            current = _files_at(table, config, sid)
             if not ops.snapshot_is_relocation(dict(snap.properties or {})):
                 added |= current - previous
             previous = current
@@ -290,11 +293,21 @@ class PaimonKind(SourceKind):
             catalog.alter_table(config.identifier, todo)
 
 
-def _files_at(table: Any, snapshot_id: int | None) -> set[str]:
+def _partition_scoped(rb: Any, config: PaimonConfig) -> Any:
+    if not config.partition:
+        return rb
+    b = rb.new_predicate_builder()
+    return rb.with_partition_filter(
+        b.and_predicates([b.equal(k, v) for k, v in config.partition.items()])
+    )
+
+
+def _files_at(table: Any, config: PaimonConfig, snapshot_id: int | None) -> set[str]:
     if snapshot_id is None:
         return set()
     pinned = table.copy({"scan.snapshot-id": str(snapshot_id)})
-    splits = pinned.new_read_builder().new_scan().plan().splits()
+    rb = _partition_scoped(pinned.new_read_builder(), config)
+    splits = rb.new_scan().plan().splits()
     return {n for s in splits for n in _names(s)}
 
 

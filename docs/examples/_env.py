@@ -61,6 +61,20 @@ class Env:
             )
         assert p.flush(30) == 0
 
+    def shards(self, count: int) -> list[str]:
+        """DSNs of ``count`` Postgres shard servers: HARNESS_PG_SHARDS (comma-separated DSNs of
+        separate servers, as the tests pass them), else the example's own database repeated
+        (one server: the shards are then separate tables, not separate servers)."""
+        given = [d for d in os.environ.get("HARNESS_PG_SHARDS", "").split(",") if d]
+        if given:
+            if len(given) < count:
+                raise SystemExit(f"HARNESS_PG_SHARDS names {len(given)} servers, need {count}")
+            return given[:count]
+        logging.getLogger("examples").warning(
+            "HARNESS_PG_SHARDS not set: all %d shards on one Postgres server", count
+        )
+        return [self.pg_dsn] * count
+
     def iceberg_source(self, identifier: str) -> dict[str, Any]:
         return {"catalog": {"type": "sql", **self.iceberg_props}, "identifier": identifier}
 
@@ -71,6 +85,7 @@ def environment(*, catalog_in_postgres: bool = False) -> Iterator[Env]:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("flight_gateway").setLevel(logging.WARNING)
     logging.getLogger("pipelines").setLevel(logging.WARNING)
+    logging.getLogger("pypaimon").setLevel(logging.WARNING)
     db = f"harness_example_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{db}"')
