@@ -174,3 +174,47 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
         fs, path = pafs.FileSystem.from_uri(location)
         return fs, path
     return _LOCAL, location  # stateless and thread-safe; making one per call is not free
+
+
+def scan_dataset(request: ScanRequest, data: Any) -> pa.RecordBatchReader:
+    """Read a ``pyarrow.dataset`` (or a one-shot ``RecordBatchReader``) with the request's
+    projection and filter pushed into the scanner, applied exactly, conformed to the harness
+    columns. Columns the data lacks are nulls; a filter on one of them is applied after."""
+    import pyarrow.dataset as ds
+
+    cols = request.columns
+    mapping = physical_names(cols, data.schema.names)
+    pred = pushdown(request, mapping)
+    options = {
+        "columns": sorted(set(mapping.values())),
+        "filter": to_arrow(pred, data.schema) if pred is not None else None,
+        "batch_size": DEFAULT_BATCH_ROWS,
+    }
+    if isinstance(data, pa.RecordBatchReader):
+        scanner = ds.Scanner.from_batches(data, **options)
+    else:
+        scanner = data.scanner(use_threads=True, **options)
+    out = conform(scanner.to_reader(), cols, mapping)
+    if request.predicate is not None and pred is None:
+        out = apply_residual(out, request.predicate)
+    return out
+
+
+def read_files(
+    request: ScanRequest, paths: Sequence[str], fmt: str = "parquet"
+) -> pa.RecordBatchReader:
+    """Files (local paths or URIs) one after the other, each through ``scan_dataset``."""
+    import pyarrow.dataset as ds
+
+    from flight_gateway.errors import Unavailable
+
+    def one(path: str) -> pa.RecordBatchReader:
+        fs, p = filesystem(path)
+        try:
+            return scan_dataset(request, ds.dataset(p, format=fmt, filesystem=fs))
+        except (FileNotFoundError, OSError) as e:
+            raise Unavailable(f"source {request.source.name!r}: cannot open a file: {e}") from e
+
+    if len(paths) == 1:
+        return one(paths[0])
+    return chain_readers(target_schema(request.columns), (one(p) for p in paths))

@@ -26,13 +26,10 @@ from flight_gateway.errors import InvalidArgument, Unavailable
 from planners.avro import read_avro
 from planners.common import (
     DEFAULT_BATCH_ROWS,
-    apply_residual,
     chain_readers,
-    conform,
     filesystem,
     group_by_size,
-    physical_names,
-    pushdown,
+    scan_dataset,
     target_schema,
 )
 from planners.kind import (
@@ -45,7 +42,6 @@ from planners.kind import (
     SourceKind,
     SourceRef,
 )
-from planners.predicates import to_arrow
 
 FORMATS = {
     "parquet": "parquet",
@@ -175,23 +171,7 @@ class FilesKind(SourceKind):
                 )
             except (FileNotFoundError, OSError, ValueError) as e:
                 raise Unavailable(f"source {src.name!r}: cannot open {path!r}: {e}") from e
-            mapping = physical_names(cols, data.schema.names)
-            pred = pushdown(request, mapping)
-            options = {
-                "columns": sorted(set(mapping.values())),
-                "filter": to_arrow(pred, data.schema) if pred is not None else None,
-                "batch_size": DEFAULT_BATCH_ROWS,
-            }
-            scanner = (
-                ds.Scanner.from_batches(data, **options)
-                if fmt == "avro"
-                else data.scanner(use_threads=True, **options)
-            )
-            out = conform(scanner.to_reader(), cols, mapping)
-            if request.predicate is not None and pred is None:
-                # The predicate names a column this file lacks: evaluate it after conforming.
-                out = apply_residual(out, request.predicate)
-            return out
+            return scan_dataset(request, data)
 
         if len(paths) == 1:
             return one(paths[0])

@@ -7,7 +7,10 @@ published yet, so no rows).
 Planning opens the table with ``scan.snapshot-id`` and asks pypaimon for splits with the
 projection, the partition filter and the row filter (pruning only: the gateway applies the
 exact residual); splits are grouped into tasks by size and named in tickets by their files.
-Primary-key tables are read merged (merge on read, by pypaimon), one split at a time.
+Primary-key tables are read merged (merge on read, by pypaimon), one split at a time. Append-only
+tables whose files are plain Parquet of the pinned schema (no deletion vectors) are planned file
+by file and read with pyarrow directly (faster than pypaimon's reader, and parallel), and those
+tasks may be direct tasks that clients read themselves.
 
 Writes: DoPut appends one batch commit whose snapshot carries the harness commit id, so a
 retry finds it. Schema changes: added columns through ``alter_table``; widening is refused.
@@ -34,11 +37,13 @@ from planners.common import (
     group_by_size,
     physical_names,
     pushdown,
+    read_files,
     to_physical,
 )
 from planners.kind import (
     Additive,
     AppendContext,
+    DirectFiles,
     Reach,
     ScanRequest,
     ScanTask,
@@ -49,8 +54,20 @@ from planners.kind import (
 from planners.predicates.ast import And, Between, Cmp, Expr, In, IsNull, StartsWith
 
 _catalogs: dict[str, Any] = {}
-_plans: OrderedDict[str, tuple[Any, dict[str, str], list[Any]]] = OrderedDict()
+_plans: OrderedDict[str, _Scan] = OrderedDict()
 _lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """A planned read of one pinned source: pypaimon's read builder and splits, and, when every
+    split is plain Parquet files (append-only table, one schema, no deletion vectors), those
+    files by name, which are then read with pyarrow directly and may be direct tasks."""
+
+    builder: Any
+    mapping: dict[str, str]
+    splits: list[Any]
+    raw: dict[str, tuple[str, int]] | None  # file name -> (path, size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,9 +161,9 @@ class PaimonKind(SourceKind):
 
     # ------------------------------------------------------------------ reading
 
-    def _scan(self, request: ScanRequest) -> tuple[Any, dict[str, str], list[Any]]:
-        """(read builder, name mapping, splits), cached per pinned request: a snapshot never
-        changes, so DoGet calls reuse the plan."""
+    def _scan(self, request: ScanRequest) -> _Scan:
+        """The plan of a pinned request, cached: a snapshot never changes, so DoGet calls reuse
+        the plan."""
         src = request.source
         snap = _snapshot_id(src.name, src.state)
         key = json.dumps(
@@ -175,39 +192,61 @@ class PaimonKind(SourceKind):
         predicate = to_paimon(pushdown(request, mapping), rb.new_predicate_builder())
         if predicate is not None:
             rb = rb.with_filter(predicate)
-        result = (rb, mapping, list(rb.new_scan().plan().splits()))
+        splits = list(rb.new_scan().plan().splits())
+        result = _Scan(rb, mapping, splits, _raw_files(pinned, splits))
         with _lock:
             _plans[key] = result
             while len(_plans) > 256:
                 _plans.popitem(last=False)
         return result
 
-    def _tasks(self, request: ScanRequest, splits: list[Any]) -> list[ScanTask]:
+    def _tasks(self, request: ScanRequest, scan: _Scan, splits: list[Any]) -> list[ScanTask]:
+        target = self.parse_config(request.source).target_task_bytes
+        name = request.source.name
+        if scan.raw is not None:  # plain files: as many parallel tasks as their sizes allow
+            files = [(f.file_name, int(f.file_size)) for s in splits for f in s.files]
+            request.check_task_count(len(files))
+            groups = group_by_size(files, target)
+            return [ScanTask(name, {"files": g}, exact_filter=True) for g in groups]
         request.check_task_count(len(splits))
-        groups = group_by_size(
-            [(_names(s), _size(s)) for s in splits],
-            self.parse_config(request.source).target_task_bytes,
-        )
-        return [ScanTask(request.source.name, {"splits": g}) for g in groups]
+        groups = group_by_size([(_names(s), _size(s)) for s in splits], target)
+        return [ScanTask(name, {"splits": g}) for g in groups]
 
     def plan(self, request: ScanRequest) -> list[ScanTask]:
         if _snapshot_id(request.source.name, request.source.state) is None:
             return []
-        _, _, splits = self._scan(request)
-        return self._tasks(request, splits)
+        scan = self._scan(request)
+        return self._tasks(request, scan, scan.splits)
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
         cols = request.columns
         if _snapshot_id(request.source.name, request.source.state) is None:
             return empty_reader(cols)
-        rb, mapping, splits = self._scan(request)
+        scan = self._scan(request)
+        if "files" in task.payload:
+            return read_files(request, self._paths(request, scan, task))
         wanted = {n for split in task.payload["splits"] for n in split}
-        chosen = [s.filter_file(lambda f: f.file_name in wanted) for s in splits]
+        chosen = [s.filter_file(lambda f: f.file_name in wanted) for s in scan.splits]
         mine = [s for s in chosen if s is not None]
         if sum(len(s.files) for s in mine) != len(wanted):
             raise NotFound(f"source {request.source.name!r}: ticket names files not in snapshot")
-        reader = rb.new_read().to_arrow_batch_reader(mine)
-        return conform(reader, cols, mapping)
+        reader = scan.builder.new_read().to_arrow_batch_reader(mine)
+        return conform(reader, cols, scan.mapping)
+
+    def _paths(self, request: ScanRequest, scan: _Scan, task: ScanTask) -> list[str]:
+        raw = scan.raw or {}
+        names = list(task.payload["files"])
+        if any(n not in raw for n in names):
+            raise NotFound(f"source {request.source.name!r}: ticket names files not in snapshot")
+        return [raw[n][0] for n in names]
+
+    def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None:
+        if _snapshot_id(request.source.name, request.source.state) is None:
+            return None
+        scan = self._scan(request)
+        if scan.raw is None or "files" not in task.payload:
+            return None  # merged or deletion-vector splits: pypaimon reads them here
+        return DirectFiles("parquet", tuple(self._paths(request, scan, task)))
 
     def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
         src = request.source
@@ -233,9 +272,9 @@ class PaimonKind(SourceKind):
             if not ops.snapshot_is_relocation(dict(snap.properties or {})):
                 added |= current - previous
             previous = current
-        _, _, splits = self._scan(request)
-        chosen = [s.filter_file(lambda f: f.file_name in added) for s in splits]
-        return self._tasks(request, [s for s in chosen if s is not None])
+        scan = self._scan(request)
+        chosen = [s.filter_file(lambda f: f.file_name in added) for s in scan.splits]
+        return self._tasks(request, scan, [s for s in chosen if s is not None])
 
     # ------------------------------------------------------------------ writing
 
@@ -291,6 +330,24 @@ class PaimonKind(SourceKind):
                 json.dumps([config.warehouse, config.catalog_options], sort_keys=True)
             ]
             catalog.alter_table(config.identifier, todo)
+
+
+def _raw_files(table: Any, splits: list[Any]) -> dict[str, tuple[str, int]] | None:
+    """Name -> (path, size) of every file when all are plain Parquet of the pinned schema with
+    nothing to merge or delete (append-only tables); None when pypaimon must read them."""
+    if table.is_primary_key_table:
+        return None
+    schema_id = table.table_schema.id
+    out: dict[str, tuple[str, int]] = {}
+    for s in splits:
+        if not s.raw_convertible or any(d is not None for d in s.data_deletion_files or []):
+            return None
+        for f in s.files:
+            plain = f.schema_id == schema_id and not f.write_cols and not f.extra_files
+            if not plain or not f.file_path or not f.file_name.endswith(".parquet"):
+                return None
+            out[f.file_name] = (f.file_path, int(f.file_size))
+    return out
 
 
 def _partition_scoped(rb: Any, config: PaimonConfig) -> Any:
