@@ -408,6 +408,17 @@ class HarnessClient:
 
     # ------------------------------------------------------------------ engine writes
 
+    def list_locks(self, table: str) -> list[dict[str, Any]]:
+        """Granted and queued locks of ``table`` (lock ids only for their owner and admins)."""
+        return list(self.action("harness.list_locks", {"table": table})["locks"])
+
+    def expire_versions(
+        self, table: str, *, keep_last: int | None = None, before: Any = None
+    ) -> int:
+        """Forget old versions (admin); returns how many expired."""
+        body = {"table": table, "keep_last": keep_last, "before": before}
+        return int(self.action("harness.expire_versions", body)["expired"])
+
     def begin_write(self, table: str, source: str | None = None) -> dict[str, Any]:
         """Start an engine write: ``{"write_id", "source", "mode": "stage", "location"}`` (write
         Parquet files under ``location``, then ``commit_write``) or ``mode: "upload"`` (send the

@@ -203,6 +203,10 @@ class Catalog:
         """Release a lock. Releasing an unknown or expired lock is a no-op."""
         self._locks.unlock(lock_id)
 
+    def list_locks(self, table: str) -> list[LockInfo]:
+        """The table's granted and queued locks, in queue order."""
+        return self._locks.list(table)
+
     def lock_info(self, lock_id: str) -> LockInfo | None:
         """The stored lock (granted or queued, possibly past its expiry), or None."""
         return self._locks.info(lock_id)

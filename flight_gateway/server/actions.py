@@ -9,10 +9,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.errors import HarnessError, InvalidArgument, LockExpired
 from flight_gateway.protocol.messages import parse_timestamp
 from flight_gateway.secrets import REF
-from flight_gateway.server import locks, writes
+from flight_gateway.server import locks, metrics, writes
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.context import Gateway
 from flight_gateway.server.evolve import evolve_schema
@@ -127,7 +127,21 @@ def commit(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     who.require("admin" if any(body.get(k) for k in _ADMIN_FIELDS) else "write", table)
     if body.get("add_sources") or body.get("updates"):
         check_commit(gw, table, _list(body, "add_sources"), _list(body, "updates"))
-    res = gw.catalog.commit(
+    try:
+        res = _commit(gw, table, body)
+    except HarnessError as e:
+        if isinstance(e, LockExpired):
+            metrics.LOCK_EXPIRED.inc()
+        metrics.COMMITS.labels(table, metrics.status_of(e)).inc()
+        raise
+    metrics.COMMITS.labels(table, "applied" if res.applied else "repeated").inc()
+    if body.get("add_sources") or body.get("remove_sources"):
+        gw.source_defs.forget(table)
+    return {"version": res.version, "applied": res.applied, "schema_id": res.schema_id}
+
+
+def _commit(gw: Gateway, table: str, body: dict[str, Any]) -> Any:
+    return gw.catalog.commit(
         table,
         body.get("commit_id"),  # type: ignore[arg-type]  # validated by the catalog
         lock_id=body.get("lock_id"),
@@ -140,9 +154,6 @@ def commit(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
         schema_changes=body.get("schema_changes"),
         summary=body.get("summary"),
     )
-    if body.get("add_sources") or body.get("remove_sources"):
-        gw.source_defs.forget(table)
-    return {"version": res.version, "applied": res.applied, "schema_id": res.schema_id}
 
 
 def expire_versions(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +174,7 @@ HANDLERS: dict[str, Handler] = {
     "harness.lock": locks.lock,
     "harness.renew_lock": locks.renew_lock,
     "harness.unlock": locks.unlock,
+    "harness.list_locks": locks.list_locks,
     "harness.commit": commit,
     "harness.evolve_schema": evolve_schema,
     "harness.expire_versions": expire_versions,

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow.flight as fl
 
 from flight_gateway.errors import Unauthenticated, Unauthorized
+from flight_gateway.server import metrics
 
 LEVELS = ("read", "write", "admin")
 
@@ -114,14 +115,19 @@ class BearerAuthFactory(fl.ServerMiddlewareFactory):
         if not values:
             if self.store.allow_anonymous or self.store.certs:
                 return AuthMiddleware(None, self.store)
-            raise fl.FlightUnauthenticatedError("missing 'authorization: Bearer <token>' header")
+            raise _refused("missing 'authorization: Bearer <token>' header")
         scheme, _, token = values[0].partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise fl.FlightUnauthenticatedError("authorization header must be 'Bearer <token>'")
+            raise _refused("authorization header must be 'Bearer <token>'")
         principal = self.store.lookup(token.strip())
         if principal is None:
-            raise fl.FlightUnauthenticatedError("invalid bearer token")
+            raise _refused("invalid bearer token")
         return AuthMiddleware(principal, self.store)
+
+
+def _refused(reason: str) -> fl.FlightUnauthenticatedError:
+    metrics.AUTH_FAILURES.inc()
+    return fl.FlightUnauthenticatedError(reason)
 
 
 def principal_of(context: fl.ServerCallContext) -> Principal:

@@ -91,6 +91,11 @@ class GatewayConfig:
     #: ``{"allow": [name patterns]}``: ``${NAME}`` references source configs may use.
     secrets: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
+    #: Serve Prometheus metrics on this port (``/metrics``); off when unset. 0 picks a port.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    #: ``"text"`` or ``"json"`` (one JSON object per log line), for ``harness-gateway serve``.
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         for what, value in [

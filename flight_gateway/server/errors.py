@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -15,6 +16,7 @@ from sqlalchemy.exc import OperationalError
 from flight_gateway.errors import HarnessError, InvalidArgument, Unavailable
 from flight_gateway.protocol import to_flight_error
 from flight_gateway.secrets import scrub
+from flight_gateway.server import metrics
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -24,6 +26,24 @@ def _wire(e: HarnessError) -> Exception:
     return to_flight_error(type(e)(scrub(str(e))))
 
 
+def _on_the_wire(method: str, e: BaseException) -> BaseException:
+    """The exception a handler's failure becomes on the wire."""
+    if isinstance(e, HarnessError):
+        log.info("%s: %s: %s", method, type(e).__name__, scrub(str(e)))
+        return _wire(e)
+    if isinstance(e, OperationalError):
+        log.warning("%s: catalog unavailable: %s", method, scrub(str(e)))
+        return _wire(Unavailable("harness catalog unavailable"))
+    if isinstance(e, NotImplementedError | fl.FlightError) or not isinstance(e, Exception):
+        return e
+    if isinstance(e, pa.ArrowException):
+        return type(e)(scrub(str(e)))
+    if isinstance(e, RecursionError):  # deeply nested JSON or filters: the caller's doing
+        return _wire(InvalidArgument("request is nested too deeply"))
+    log.error("%s failed", method, exc_info=e)
+    return fl.FlightInternalError(f"internal error: {type(e).__name__}: {scrub(str(e))}")
+
+
 def flight_errors(fn: F) -> F:
     """Map harness errors to Flight status codes; never let an unexpected error kill a call
     without a clear message (the server itself keeps serving either way). No message carries a
@@ -31,27 +51,16 @@ def flight_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
-        # "from None": pyarrow sends the Python traceback in the status details, and a chained
-        # one can outgrow gRPC's metadata limit (the client then sees RESOURCE_EXHAUSTED).
-        except HarnessError as e:
-            log.info("%s: %s: %s", fn.__name__, type(e).__name__, scrub(str(e)))
-            raise _wire(e) from None
-        except OperationalError as e:
-            log.warning("%s: catalog unavailable: %s", fn.__name__, scrub(str(e)))
-            raise _wire(Unavailable("harness catalog unavailable")) from None
-        except (NotImplementedError, fl.FlightError):
-            raise
-        except pa.ArrowException as e:
-            raise type(e)(scrub(str(e))) from None
-        except RecursionError:  # deeply nested JSON or filters: the caller's doing
-            raise _wire(InvalidArgument("request is nested too deeply")) from None
-        except Exception as e:
-            log.exception("%s failed", fn.__name__)
-            raise fl.FlightInternalError(
-                f"internal error: {type(e).__name__}: {scrub(str(e))}"
-            ) from None
+            out = fn(*args, **kwargs)
+        except BaseException as e:
+            metrics.observe_rpc(fn.__name__, started, e)
+            # "from None": pyarrow sends the Python traceback in the status details, and a
+            # chained one can outgrow gRPC's metadata limit (the client sees RESOURCE_EXHAUSTED).
+            raise _on_the_wire(fn.__name__, e) from None
+        metrics.observe_rpc(fn.__name__, started, None)
+        return out
 
     return wrapper  # type: ignore[return-value]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flight_gateway.errors import InvalidArgument, LockExpired, Unauthorized
+from flight_gateway.errors import InvalidArgument, LockExpired, LockUnavailable, Unauthorized
+from flight_gateway.server import metrics
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.context import Gateway
 
@@ -33,19 +34,48 @@ def lock(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     label = body.get("owner") or "client"
     if not isinstance(label, str):
         raise InvalidArgument("'owner' must be a string")
-    g = gw.catalog.lock(
-        table,
-        body.get("sources") or [],
-        owner=f"{who.name}:{label}",
-        ttl_s=_number(body, "ttl_s", 60.0),
-        wait_s=wait_s,
-    )
+    try:
+        g = gw.catalog.lock(
+            table,
+            body.get("sources") or [],
+            owner=f"{who.name}:{label}",
+            ttl_s=_number(body, "ttl_s", 60.0),
+            wait_s=wait_s,
+        )
+    except LockUnavailable:
+        metrics.LOCKS.labels("unavailable").inc()
+        raise
+    metrics.LOCKS.labels("waited" if wait_s > 0 else "granted").inc()
     return {
         "lock_id": g.lock_id,
         "fencing_token": g.fencing_token,
         "expires_at": g.expires_at,
         "sources": list(g.sources),
     }
+
+
+def list_locks(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+    """Who holds or waits for which sources. A lock id lets its bearer commit under the lock,
+    so it is shown only to its owner and to admins of the table."""
+    table = body.get("table")
+    if not isinstance(table, str) or not table:
+        raise InvalidArgument("action body needs 'table'")
+    who.require("write", table)
+    admin = who.can("admin", table)
+    out = []
+    for info in gw.catalog.list_locks(table):
+        mine = info.owner.split(":", 1)[0] == who.name
+        out.append(
+            {
+                "lock_id": info.lock_id if (admin or mine) else None,
+                "owner": info.owner,
+                "sources": list(info.sources),
+                "granted": info.granted,
+                "fencing_token": info.fencing_token,
+                "expires_at": info.expires_at,
+            }
+        )
+    return {"locks": out}
 
 
 def _own(gw: Gateway, who: Principal, lock_id: Any) -> str | None:

@@ -15,7 +15,7 @@ from flight_gateway.errors import InvalidArgument, ResourceExhausted
 from flight_gateway.protocol import ACTIONS, ReadRequest, TicketSigner, decode_json
 from flight_gateway.protocol.direct import DirectSigner
 from flight_gateway.secrets import ScrubFilter, SecretResolver
-from flight_gateway.server import ingest
+from flight_gateway.server import ingest, metrics
 from flight_gateway.server.actions import HANDLERS
 from flight_gateway.server.auth import BearerAuthFactory, TokenStore, principal_of
 from flight_gateway.server.config import GatewayConfig
@@ -97,6 +97,12 @@ class HarnessFlightServer(fl.FlightServerBase):
             TicketSigner(key, config.ticket_ttl_s),
             direct=DirectSigner(key, config.ticket_ttl_s),
         )
+        metrics.watch_catalog(catalog)
+        self._metrics_http = (
+            None
+            if config.metrics_port is None
+            else metrics.serve(config.metrics_port, config.metrics_host)
+        )
         if not self.gw.reach.any and not config.reach:
             log.warning("no 'reach' allow-list configured: sources can reach nothing")
         log.info(
@@ -106,6 +112,16 @@ class HarnessFlightServer(fl.FlightServerBase):
             self.port,
             catalog.engine.url.render_as_string(hide_password=True),
         )
+
+    @property
+    def metrics_port(self) -> int | None:
+        return None if self._metrics_http is None else int(self._metrics_http.server_port)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
 
     @property
     def uri(self) -> str:

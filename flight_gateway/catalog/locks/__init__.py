@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, select, update
 
@@ -150,6 +151,18 @@ class Locks:
         with self._one_statement() as conn:
             conn.execute(delete(locks).where(locks.c.lock_id == lock_id))
 
+    def list(self, table: str) -> list[LockInfo]:
+        """The table's lock rows, granted and queued, in queue order (expired ones included
+        until the next lock step removes them)."""
+        with read_tx(self._engine) as conn:
+            rows = conn.execute(
+                select(locks, tables.c.name.label("table_name"))
+                .join(tables, tables.c.id == locks.c.table_id)
+                .where(tables.c.name == table)
+                .order_by(locks.c.seq)
+            ).all()
+        return [_info(r) for r in rows]
+
     def info(self, lock_id: str) -> LockInfo | None:
         with read_tx(self._engine) as conn:
             r = conn.execute(
@@ -157,14 +170,16 @@ class Locks:
                 .join(tables, tables.c.id == locks.c.table_id)
                 .where(locks.c.lock_id == lock_id)
             ).first()
-        if r is None:
-            return None
-        return LockInfo(
-            lock_id=r.lock_id,
-            table=r.table_name,
-            owner=r.owner,
-            sources=tuple(r.sources),
-            granted=bool(r.granted),
-            fencing_token=None if r.fencing_token is None else int(r.fencing_token),
-            expires_at=float(r.expires_at),
-        )
+        return None if r is None else _info(r)
+
+
+def _info(r: Any) -> LockInfo:
+    return LockInfo(
+        lock_id=r.lock_id,
+        table=r.table_name,
+        owner=r.owner,
+        sources=tuple(r.sources),
+        granted=bool(r.granted),
+        fencing_token=None if r.fencing_token is None else int(r.fencing_token),
+        expires_at=float(r.expires_at),
+    )

@@ -15,9 +15,10 @@ from collections import OrderedDict
 import pyarrow as pa
 
 from flight_gateway.catalog import TableSnapshot
-from flight_gateway.errors import Unauthorized
+from flight_gateway.errors import HarnessError, Unauthorized
 from flight_gateway.protocol import ReadRequest, TicketPayload, TicketSigner
 from flight_gateway.protocol.direct import DirectSigner
+from flight_gateway.server import metrics
 from flight_gateway.server.context import Gateway
 from flight_gateway.server.read import dedupe, plain, since
 from flight_gateway.server.read.model import Endpoint, PlannedRead
@@ -78,8 +79,13 @@ class ReadService:
         return plain.plan(self, snap, req, principal)
 
     def verify(self, ticket: bytes, principal: str) -> TicketPayload:
-        payload = self.signer.verify(ticket)
+        try:
+            payload = self.signer.verify(ticket)
+        except HarnessError:
+            metrics.TICKETS_REJECTED.labels("invalid_or_expired").inc()
+            raise
         if payload.principal is not None and payload.principal != principal:
+            metrics.TICKETS_REJECTED.labels("other_principal").inc()
             raise Unauthorized("this ticket was issued to another principal")
         return payload
 
@@ -87,9 +93,10 @@ class ReadService:
         """The stream of one verified ticket."""
         snap = self.snapshot(payload.table, payload.version)
         if payload.dedupe_sources is not None:
-            return dedupe.open(self, snap, payload)
+            return metrics.counted(dedupe.open(self, snap, payload), payload.table, "dedupe")
         shape = resolve(snap, payload.columns, payload.filter)
         kind, ref = bind(self.gw, snap, str(payload.source))
         request = ScanRequest(ref, shape.specs, shape.predicate, payload.limit)
         task = ScanTask(ref.name, payload.task, payload.exact)
-        return execute(kind, request, task, shape.projection)
+        reader = execute(kind, request, task, shape.projection)
+        return metrics.counted(reader, payload.table, ref.kind)

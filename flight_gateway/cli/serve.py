@@ -1,12 +1,13 @@
-"""``harness-gateway`` command line."""
+"""``harness-gateway serve``: run the Flight gateway until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
-import sys
 import threading
+import time
 
 from flight_gateway.catalog import Catalog
 from flight_gateway.server import GatewayConfig, HarnessFlightServer
@@ -22,6 +23,8 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         allow_anonymous=True if args.allow_anonymous else None,
     )
+    if config.log_format == "json":
+        json_logs()
     if not config.tokens and not config.allow_anonymous:
         log.error("no tokens configured: pass --config with tokens, or --allow-anonymous")
         return 2
@@ -48,10 +51,43 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="harness-gateway")
-    parser.add_argument("--log-level", default="INFO")
-    sub = parser.add_subparsers(dest="command", required=True)
+def json_logs() -> None:
+    """One JSON object per log line (for log shippers)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "ts": round(record.created, 6),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["error"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def maintain(args: argparse.Namespace) -> int:
+    from flight_gateway.maintenance import run_once
+
+    catalog = Catalog(args.catalog)
+    try:
+        while True:
+            report = run_once(catalog, grace_s=args.grace)
+            print(json.dumps(report.to_json()), flush=True)
+            if not args.loop:
+                return 0
+            time.sleep(args.loop)
+    finally:
+        catalog.close()
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the Flight gateway")
     p.add_argument("--catalog", help="catalog URL (sqlite:///file.db or postgresql://...)")
     p.add_argument("--host")
@@ -59,12 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="JSON or TOML settings file (tokens, ticket_key, tls, ...)")
     p.add_argument("--allow-anonymous", action="store_true", help="accept calls without a token")
     p.set_defaults(func=serve)
-    _kind_commands(sub)
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    p = sub.add_parser(
+        "maintain", help="retention, file cleanup and Iceberg expiry that respect pinned versions"
     )
-    return int(args.func(args))
+    p.add_argument("--catalog", required=True, help="catalog URL")
+    p.add_argument("--loop", type=float, help="repeat every SECONDS (default: one pass)")
+    p.add_argument(
+        "--grace", type=float, default=3600.0, help="keep unreferenced files younger than this (s)"
+    )
+    p.set_defaults(func=maintain)
+    _kind_commands(sub)
 
 
 def _kind_commands(sub: argparse._SubParsersAction) -> None:
@@ -80,7 +120,3 @@ def _kind_commands(sub: argparse._SubParsersAction) -> None:
             continue
         if isinstance(kind, HasCommands):
             kind.add_commands(sub)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Prometheus metrics of the gateway, served on ``metrics_port`` when the config sets one.
+
+The metrics live in one registry for the process (several gateways in one process, as in tests,
+add to the same counters). What is counted, and where:
+
+- every RPC by method and status, with its latency (``flight_errors`` wraps every handler);
+- rows and bytes served per table and source kind (each DoGet stream as it flows);
+- commits by outcome, lock requests by outcome, lock expiries seen by writers;
+- group-commit groups, commits and the largest group (read from the catalog when scraped);
+- ticket rejections (tampered, expired, another principal's);
+- Kafka sources whose pinned ``low`` is below the topic's earliest offset (maintenance).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+RPCS = Counter(
+    "harness_rpc", "Flight calls by method and status", ["method", "status"], registry=REGISTRY
+)
+RPC_SECONDS = Histogram(
+    "harness_rpc_seconds",
+    "Flight call latency (DoGet: until the stream is opened)",
+    ["method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+ROWS = Counter(
+    "harness_rows_served", "Rows streamed by DoGet", ["table", "kind"], registry=REGISTRY
+)
+BYTES = Counter(
+    "harness_bytes_served", "Arrow bytes streamed by DoGet", ["table", "kind"], registry=REGISTRY
+)
+COMMITS = Counter("harness_commits", "Commits by outcome", ["table", "outcome"], registry=REGISTRY)
+LOCKS = Counter("harness_lock_requests", "Lock requests by outcome", ["outcome"], registry=REGISTRY)
+LOCK_EXPIRED = Counter(
+    "harness_lock_expired", "Commits refused because their lock had expired", registry=REGISTRY
+)
+AUTH_FAILURES = Counter(
+    "harness_auth_failures", "Calls refused for missing or invalid credentials", registry=REGISTRY
+)
+TICKETS_REJECTED = Counter(
+    "harness_ticket_rejections", "DoGet tickets refused", ["reason"], registry=REGISTRY
+)
+KAFKA_BEHIND = Gauge(
+    "harness_kafka_low_below_earliest",
+    "Messages a Kafka source's pinned range has lost to topic retention (0 when none)",
+    ["table", "source"],
+    registry=REGISTRY,
+)
+
+
+class _GroupCommits(Collector):
+    """Group-commit totals of the catalogs registered with ``watch_catalog``."""
+
+    def __init__(self) -> None:
+        self.catalogs: list[Any] = []
+
+    def collect(self) -> Iterator[Any]:
+        groups = CounterMetricFamily("harness_group_commit_groups", "Catalog groups applied")
+        commits = CounterMetricFamily("harness_group_commit_commits", "Commits applied in groups")
+        largest = GaugeMetricFamily("harness_group_commit_largest", "Largest group so far")
+        g = c = big = 0
+        for cat in self.catalogs:
+            stats = cat.group_commit_stats()
+            if stats is not None:
+                g, c, big = g + stats.groups, c + stats.commits, max(big, stats.largest)
+        groups.add_metric([], g)
+        commits.add_metric([], c)
+        largest.add_metric([], big)
+        yield from (groups, commits, largest)
+
+
+_GROUPS = _GroupCommits()
+REGISTRY.register(_GROUPS)
+
+
+def watch_catalog(catalog: Any) -> None:
+    if catalog not in _GROUPS.catalogs:
+        _GROUPS.catalogs.append(catalog)
+
+
+def serve(port: int, host: str = "127.0.0.1") -> Any:
+    """Start the ``/metrics`` HTTP endpoint; returns its server (``server_port``, ``shutdown``)."""
+    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+    log.info("metrics on http://%s:%d/metrics", host, server.server_port)
+    return server
+
+
+def status_of(e: BaseException | None) -> str:
+    """The Flight status a handler's outcome maps to (for labels)."""
+    if e is None:
+        return "OK"
+    from flight_gateway import errors
+
+    by_type = [
+        (errors.InvalidArgument, "INVALID_ARGUMENT"),
+        (errors.NotFound, "NOT_FOUND"),
+        (errors.AlreadyExists, "ALREADY_EXISTS"),
+        (errors.LockExpired, "FAILED_PRECONDITION"),
+        (errors.Conflict, "FAILED_PRECONDITION"),
+        (errors.Unauthenticated, "UNAUTHENTICATED"),
+        (errors.Unauthorized, "PERMISSION_DENIED"),
+        (errors.Unavailable, "UNAVAILABLE"),
+        (errors.ResourceExhausted, "RESOURCE_EXHAUSTED"),
+        (NotImplementedError, "UNIMPLEMENTED"),
+    ]
+    for cls, name in by_type:
+        if isinstance(e, cls):
+            return name
+    return type(e).__name__.removeprefix("Flight").removesuffix("Error").upper() or "UNKNOWN"
+
+
+def observe_rpc(method: str, started: float, error: BaseException | None) -> None:
+    RPCS.labels(method, status_of(error)).inc()
+    RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
+
+
+def counted(reader: pa.RecordBatchReader, table: str, kind: str) -> pa.RecordBatchReader:
+    """``reader`` unchanged, counting rows and bytes as they are streamed."""
+    rows, nbytes = ROWS.labels(table, kind), BYTES.labels(table, kind)
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        for batch in reader:
+            rows.inc(batch.num_rows)
+            nbytes.inc(batch.nbytes)
+            yield batch
+
+    return pa.RecordBatchReader.from_batches(reader.schema, gen())
