@@ -120,6 +120,11 @@ class Catalog:
         """The version a commit id produced, or None if it was never applied."""
         return queries.find_commit(self.engine, name, commit_id)
 
+    def now(self) -> float:
+        """The catalog database's clock (the clock of commit times), epoch seconds."""
+        with db.read_tx(self.engine) as conn:
+            return db.db_now(conn)
+
     def current_version(self, name: str) -> int:
         return queries.current_version(self.engine, name)
 

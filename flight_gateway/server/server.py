@@ -6,12 +6,14 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway.catalog import Catalog
 from flight_gateway.errors import InvalidArgument, ResourceExhausted
+from flight_gateway.flightsql import service as flightsql
 from flight_gateway.protocol import ACTIONS, ReadRequest, TicketSigner, decode_json
 from flight_gateway.protocol.direct import DirectSigner
 from flight_gateway.secrets import ScrubFilter, SecretResolver
@@ -97,6 +99,7 @@ class HarnessFlightServer(fl.FlightServerBase):
             TicketSigner(key, config.ticket_ttl_s),
             direct=DirectSigner(key, config.ticket_ttl_s),
         )
+        self.sql = flightsql.FlightSqlService(self.reads, key)
         metrics.watch_catalog(catalog)
         self._metrics_http = (
             None
@@ -135,10 +138,19 @@ class HarnessFlightServer(fl.FlightServerBase):
             return ReadRequest.from_json(descriptor.command)
         raise InvalidArgument("descriptor must be a path (table name) or a JSON command")
 
+    def _sql(self, descriptor: fl.FlightDescriptor) -> Any | None:
+        """The Flight SQL command of a descriptor, or None for a native one."""
+        if descriptor.descriptor_type != fl.DescriptorType.CMD:
+            return None
+        return flightsql.unpack(descriptor.command)
+
     @flight_errors
     def get_flight_info(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.FlightInfo:
+        sql = self._sql(descriptor)
+        if sql is not None:
+            return self.sql.get_flight_info(sql, descriptor, principal_of(context))
         req = self._request(descriptor)
         principal = principal_of(context)
         principal.require("read", req.table)
@@ -160,6 +172,9 @@ class HarnessFlightServer(fl.FlightServerBase):
     def get_schema(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.SchemaResult:
+        sql = self._sql(descriptor)
+        if sql is not None:
+            return fl.SchemaResult(self.sql.get_schema(sql, principal_of(context)))
         req = self._request(descriptor)
         principal_of(context).require("read", req.table)
         _, schema = self.reads.schema_for(req)
@@ -168,6 +183,9 @@ class HarnessFlightServer(fl.FlightServerBase):
     @flight_errors
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         principal = principal_of(context)
+        sql = flightsql.unpack(ticket.ticket)
+        if sql is not None:
+            return fl.RecordBatchStream(self.sql.do_get(sql, principal))
         payload = self.reads.verify(ticket.ticket, principal.name)
         principal.require("read", payload.table)
         self.slots.acquire(principal.name)
@@ -214,6 +232,10 @@ class HarnessFlightServer(fl.FlightServerBase):
             principal_of(context)
             key = json.dumps({"public_key": self.reads.direct.public_key}).encode()
             return iter([fl.Result(key)])
+        if not action.type.startswith("harness."):
+            body = action.body.to_pybytes() if action.body else b""
+            results = self.sql.do_action(action.type, body, principal_of(context))
+            return iter([fl.Result(r) for r in results])
         handler = HANDLERS.get(action.type)
         if handler is None:
             raise NotImplementedError(f"unknown action {action.type!r}")
@@ -235,6 +257,11 @@ class HarnessFlightServer(fl.FlightServerBase):
             raise InvalidArgument(
                 'DoPut needs a command descriptor {"table", "commit_id", "source"?}'
             )
+        sql = self._sql(descriptor)
+        if sql is not None:
+            meta = self.sql.do_put(sql, reader, principal_of(context))
+            writer.write(pa.py_buffer(meta))
+            return
         command = decode_json(descriptor.command, "DoPut descriptor")
         principal = principal_of(context)
         ingest.authorize(principal, command)  # before a single byte of data is read

@@ -1,0 +1,1 @@
+"""Flight SQL (arrow.flight.protocol.sql) on the gateway: see ``service``."""

@@ -1,0 +1,293 @@
+"""The Flight SQL surface of the gateway, on the same port and auth as the native protocol.
+
+Flight SQL commands are ``google.protobuf.Any`` messages of package
+``arrow.flight.protocol.sql`` in CMD descriptors, tickets and action bodies; the native
+protocol's JSON descriptors and ``h1.`` tickets never parse as one, so both share the server.
+Served: ``CommandStatementQuery`` (+ ``TicketStatementQuery``), prepared statements with
+parameters (``CreatePreparedStatement``/``ClosePreparedStatement`` actions, parameters bound by
+DoPut, ``CommandPreparedStatementQuery``), ``CommandGetSqlInfo``, ``CommandGetCatalogs``,
+``CommandGetDbSchemas``, ``CommandGetTables``, ``CommandGetTableTypes`` and
+``CommandGetPrimaryKeys``. Everything else is UNIMPLEMENTED; updates are refused (read-only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as fl
+from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
+
+from flight_gateway import __version__
+from flight_gateway.errors import InvalidArgument
+from flight_gateway.flightsql import metadata, query
+from flight_gateway.flightsql.handles import HandleSealer
+from flight_gateway.flightsql.proto import FlightSql_pb2
+from flight_gateway.server.auth import Principal
+from flight_gateway.server.read import ReadService
+
+log = logging.getLogger(__name__)
+pb: Any = FlightSql_pb2  # generated classes, untyped
+
+TYPE_PREFIX = "type.googleapis.com/arrow.flight.protocol.sql."
+SQL_INFO: dict[int, str | bool | int] = {
+    pb.FLIGHT_SQL_SERVER_NAME: "DataHarness Flight gateway",
+    pb.FLIGHT_SQL_SERVER_VERSION: __version__,
+    pb.FLIGHT_SQL_SERVER_ARROW_VERSION: pa.__version__,
+    pb.FLIGHT_SQL_SERVER_READ_ONLY: True,
+    pb.FLIGHT_SQL_SERVER_SQL: True,
+    pb.FLIGHT_SQL_SERVER_SUBSTRAIT: False,
+    pb.SQL_DDL_CATALOG: False,
+    pb.SQL_DDL_SCHEMA: False,
+    pb.SQL_DDL_TABLE: False,
+    pb.SQL_IDENTIFIER_QUOTE_CHAR: '"',
+}
+
+
+def unpack(data: bytes) -> Any | None:
+    """The Flight SQL message in ``data``, or None when it is not one (a native command)."""
+    if not data or data[:1] in (b"{", b"h"):
+        return None
+    wrapper = any_pb2.Any()
+    try:
+        wrapper.ParseFromString(data)
+    except DecodeError:
+        return None
+    if not wrapper.type_url.startswith(TYPE_PREFIX):
+        return None
+    name = wrapper.type_url[len(TYPE_PREFIX) :]
+    cls = getattr(pb, name, None)
+    if cls is None:
+        raise NotImplementedError(f"Flight SQL command {name} is not supported")
+    message = cls()
+    wrapper.Unpack(message)
+    return message
+
+
+def pack(message: Any) -> bytes:
+    wrapper = any_pb2.Any()
+    wrapper.Pack(message, type_url_prefix="type.googleapis.com/")
+    return bytes(wrapper.SerializeToString())
+
+
+@dataclass
+class Result:
+    schema: pa.Schema
+    table: pa.Table | None = None  # computed at planning (metadata), else at DoGet
+    app_metadata: bytes = b""
+
+
+class FlightSqlService:
+    def __init__(self, reads: ReadService, key: bytes) -> None:
+        self.reads = reads
+        self.catalog = reads.catalog
+        self.handles = HandleSealer(key)
+
+    # ------------------------------------------------------------------ statements
+
+    def _statement(self, sql: str, params: Sequence[Any], who: Principal) -> dict[str, Any]:
+        """Parse, check permissions and pin: the handle's content."""
+        tree = query.parse(sql)
+        if params:
+            tree = query.bind_parameters(tree, params)
+        elif any(True for _ in tree.find_all(query.exp.Placeholder)):
+            raise InvalidArgument("the statement has parameters: prepare it and bind them")
+        refs = query.table_refs(tree)
+        moment = self.catalog.now()  # one cut for every table not pinned explicitly
+        pins = []
+        for r in refs:
+            who.require("read", r.table)
+            if r.version is not None:
+                snap = self.reads.snapshot(r.table, r.version)
+            else:
+                snap = self.reads.snapshot(
+                    r.table, None, r.as_of if r.as_of is not None else moment
+                )
+            pins.append(snap.version)
+        return {"sql": tree.sql(query.DIALECT), "pins": pins, "who": who.name}
+
+    def _prepare_reads(self, handle: dict[str, Any]) -> tuple[Any, list[query.TableRef], list[Any]]:
+        tree = query.parse(handle["sql"])
+        refs = query.table_refs(tree)
+        snaps = []
+        for ref, version in zip(refs, handle["pins"], strict=True):
+            ref.version, ref.as_of = int(version), None
+            snaps.append(self.reads.snapshot(ref.table, ref.version))
+        schemas = {
+            r.alias: {f.name for f in s.schema.fields} for r, s in zip(refs, snaps, strict=True)
+        }
+        query.plan_refs(tree, refs, schemas)
+        return tree, refs, snaps
+
+    def _requests(self, refs: list[query.TableRef], snaps: list[Any]) -> list[Any]:
+        out = []
+        for ref, snap in zip(refs, snaps, strict=True):
+            names = [f.name for f in snap.schema.fields]
+            req = query.read_request(ref, names, ref.filters)
+            try:
+                self.reads.schema_for(req)  # the harness takes these conjuncts?
+            except InvalidArgument:
+                req = query.read_request(ref, names, [])  # DuckDB still applies them all
+            out.append(req)
+        return out
+
+    def schema_of(self, handle: dict[str, Any]) -> pa.Schema:
+        """The result schema, from the query over empty relations of the pinned schemas."""
+        tree, refs, snaps = self._prepare_reads(handle)
+        empty = [self.reads.schema_for(r)[1].empty_table() for r in self._requests(refs, snaps)]
+        return query.run(tree, refs, empty).schema
+
+    def execute(self, handle: dict[str, Any], who: Principal) -> tuple[pa.Table, dict[str, Any]]:
+        tree, refs, snaps = self._prepare_reads(handle)
+        relations, report = [], {}
+        for ref, req in zip(refs, self._requests(refs, snaps), strict=True):
+            who.require("read", ref.table)
+            planned = self.reads.plan(req, who.name)
+            parts = [
+                self.reads.open(self.reads.verify(e.ticket, who.name)).read_all()
+                for e in planned.endpoints
+            ]
+            relations.append(pa.concat_tables(parts) if parts else planned.schema.empty_table())
+            report[ref.alias] = {
+                "table": ref.table,
+                "version": planned.snapshot.version,
+                "columns": list(req.columns) if req.columns is not None else None,
+                "filter": req.filter,
+                "endpoints": len(planned.endpoints),
+                "sources": [s.to_json() for s in planned.sources],
+            }
+        log.info("flight sql: %s", json.dumps(report))
+        return query.run(tree, refs, relations), report
+
+    # ------------------------------------------------------------------ Flight calls
+
+    def get_flight_info(
+        self, message: Any, descriptor: fl.FlightDescriptor, who: Principal
+    ) -> fl.FlightInfo:
+        result, ticket = self._plan(message, who)
+        endpoint = fl.FlightEndpoint(ticket, [])
+        return fl.FlightInfo(
+            result.schema, descriptor, [endpoint], -1, -1, app_metadata=result.app_metadata
+        )
+
+    def _plan(self, message: Any, who: Principal) -> tuple[Result, bytes]:
+        if isinstance(message, pb.CommandStatementQuery):
+            return self._statement_info(self._statement(message.query, (), who))
+        if isinstance(message, pb.CommandPreparedStatementQuery):
+            prepared = self._open(message.prepared_statement_handle, who)
+            return self._statement_info(
+                self._statement(prepared["sql"], prepared.get("params") or (), who)
+            )
+        table = self._metadata(message, who)
+        return Result(table.schema, table), pack(message)
+
+    def _statement_info(self, handle: dict[str, Any]) -> tuple[Result, bytes]:
+        sealed = self.handles.seal(handle)
+        ticket = pack(pb.TicketStatementQuery(statement_handle=sealed))
+        meta = json.dumps({"pins": handle["pins"]}).encode()
+        return Result(self.schema_of(handle), None, meta), ticket
+
+    def _open(self, sealed: bytes, who: Principal) -> dict[str, Any]:
+        handle = self.handles.open(sealed)
+        if handle.get("who") != who.name:
+            raise InvalidArgument("this statement handle was issued to another principal")
+        return handle
+
+    def do_get(self, message: Any, who: Principal) -> pa.Table:
+        if isinstance(message, pb.TicketStatementQuery):
+            table, _ = self.execute(self._open(message.statement_handle, who), who)
+            return table
+        return self._metadata(message, who)
+
+    def get_schema(self, message: Any, who: Principal) -> pa.Schema:
+        return self._plan(message, who)[0].schema
+
+    def _metadata(self, m: Any, who: Principal) -> pa.Table:
+        if isinstance(m, pb.CommandGetSqlInfo):
+            return metadata.sql_info(SQL_INFO, list(m.info))
+        if isinstance(m, pb.CommandGetCatalogs):
+            return metadata.catalogs()
+        if isinstance(m, pb.CommandGetDbSchemas):
+            catalog = m.catalog if m.HasField("catalog") else None
+            pattern = m.db_schema_filter_pattern if m.HasField("db_schema_filter_pattern") else None
+            return metadata.db_schemas(catalog, pattern)
+        if isinstance(m, pb.CommandGetTables):
+            return self._tables(m, who)
+        if isinstance(m, pb.CommandGetTableTypes):
+            return metadata.table_types()
+        if isinstance(m, pb.CommandGetPrimaryKeys):
+            who.require("read", m.table)
+            return metadata.primary_keys(m.table, self.reads.snapshot(m.table).primary_key)
+        raise NotImplementedError(f"Flight SQL command {type(m).__name__} is not supported")
+
+    def _tables(self, m: Any, who: Principal) -> pa.Table:
+        catalog = m.catalog if m.HasField("catalog") else None
+        schema_pattern = (
+            m.db_schema_filter_pattern if m.HasField("db_schema_filter_pattern") else None
+        )
+        name_pattern = (
+            m.table_name_filter_pattern if m.HasField("table_name_filter_pattern") else None
+        )
+        types = list(m.table_types)
+        names: list[str] = []
+        if metadata.in_scope(catalog, schema_pattern) and (not types or "TABLE" in types):
+            names = [
+                n
+                for n in self.catalog.list_tables()
+                if who.can("read", n) and metadata.sql_like(name_pattern, n)
+            ]
+        if not m.include_schema:
+            return metadata.tables(names, None)
+        schemas = [self.reads.schema_for(query.ReadRequest(table=n))[1] for n in names]
+        return metadata.tables(names, schemas)
+
+    # ------------------------------------------------------------------ actions and DoPut
+
+    def do_action(self, action_type: str, body: bytes, who: Principal) -> list[bytes]:
+        if action_type == "CreatePreparedStatement":
+            request = unpack(body)
+            if not isinstance(request, pb.ActionCreatePreparedStatementRequest):
+                raise InvalidArgument(
+                    "CreatePreparedStatement needs an ActionCreatePreparedStatementRequest"
+                )
+            tree = query.parse(request.query)
+            for ref in query.table_refs(tree):
+                who.require("read", ref.table)
+            sealed = self.handles.seal({"sql": request.query, "params": None, "who": who.name})
+            result = pb.ActionCreatePreparedStatementResult(prepared_statement_handle=sealed)
+            return [pack(result)]
+        if action_type == "ClosePreparedStatement":
+            return []  # handles hold no server state
+        raise NotImplementedError(f"Flight SQL action {action_type!r} is not supported")
+
+    def do_put(self, message: Any, reader: fl.MetadataRecordBatchReader, who: Principal) -> bytes:
+        if isinstance(message, pb.CommandPreparedStatementQuery):
+            prepared = self._open(message.prepared_statement_handle, who)
+            params = reader.read_all()
+            if params.num_rows > 1:
+                raise InvalidArgument("bind one row of parameters per execution")
+            row = params.to_pylist()[0] if params.num_rows else {}
+            prepared["params"] = list(row.values())
+            sealed = self.handles.seal(prepared)
+            return bytes(
+                pb.DoPutPreparedStatementResult(
+                    prepared_statement_handle=sealed
+                ).SerializeToString()
+            )
+        if isinstance(
+            message,
+            pb.CommandStatementUpdate
+            | pb.CommandPreparedStatementUpdate
+            | pb.CommandStatementIngest
+            | pb.CommandStatementSubstraitPlan,
+        ):
+            raise InvalidArgument(
+                "this Flight SQL endpoint is read-only: write with DoPut on a harness descriptor "
+                "and commit with the harness actions"
+            )
+        raise NotImplementedError(f"Flight SQL command {type(message).__name__} is not supported")
