@@ -408,6 +408,21 @@ class HarnessClient:
 
     # ------------------------------------------------------------------ engine writes
 
+    def sql(self, query: str) -> pa.Table:
+        """Run a read-only SQL query over harness tables through the gateway's Flight SQL
+        endpoint (DuckDB dialect; ``FROM t FOR VERSION AS OF n`` pins a table)."""
+        from flight_gateway.flightsql.service import pack, pb
+
+        command = fl.FlightDescriptor.for_command(pack(pb.CommandStatementQuery(query=query)))
+        try:
+            info = self._flight.get_flight_info(command, self._options())
+            parts = [
+                self._flight.do_get(ep.ticket, self._options()).read_all() for ep in info.endpoints
+            ]
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from e
+        return pa.concat_tables(parts) if parts else info.schema.empty_table()
+
     def list_locks(self, table: str) -> list[dict[str, Any]]:
         """Granted and queued locks of ``table`` (lock ids only for their owner and admins)."""
         return list(self.action("harness.list_locks", {"table": table})["locks"])

@@ -135,6 +135,21 @@ def read(args: argparse.Namespace) -> int:
     return 0
 
 
+def sql(args: argparse.Namespace) -> int:
+    with connect(args) as c:
+        result = c.sql(args.query)
+    out: BinaryIO = open(args.output, "wb") if args.output else sys.stdout.buffer  # noqa: SIM115
+    try:
+        sink = _Sink(args.format, out, result.schema)
+        for batch in result.to_batches():
+            sink.write(batch)
+        sink.close()
+    finally:
+        if args.output:
+            out.close()
+    return 0
+
+
 def lock(args: argparse.Namespace) -> int:
     with connect(args) as c:
         grant = c.action(
@@ -217,6 +232,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--output", help="write to this file instead of standard output")
     p.set_defaults(func=read)
+    p = sub.add_parser("sql", parents=[common], help="run a read-only SQL query (Flight SQL)")
+    p.add_argument("query", help='e.g. "SELECT level, count(*) FROM logs GROUP BY level"')
+    p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
+    p.add_argument("--output", help="write to this file instead of standard output")
+    p.set_defaults(func=sql)
     _lock_commands(sub, common)
     p = sub.add_parser("commit", parents=[common], help="commit the JSON body in FILE")
     p.add_argument("file")

@@ -155,6 +155,16 @@ def test_every_client_command(
     )
     assert pq.read_table(target).num_rows == 4
 
+    code, out, _ = run(
+        capsys,
+        uri,
+        "sql",
+        "SELECT level, count(*) AS n FROM events GROUP BY level ORDER BY level",
+        "--format",
+        "csv",
+    )
+    assert code == 0 and out.splitlines() == ['"level","n"', '"error",2', '"info",2']
+
     grant = run_json(capsys, uri, "lock", "events", "cold", "--owner", "tester", "--ttl", "30")
     held = run_json(capsys, uri, "locks", "events")
     assert held[0]["owner"].endswith(":tester") and held[0]["sources"] == ["cold"]
