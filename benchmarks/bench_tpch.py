@@ -147,6 +147,15 @@ def _query(client: HarnessClient, columns: list[str], flt: str, agg: str, direct
     return con.execute(agg.format(src="t", where="")).fetchall(), arrow.num_rows
 
 
+def _flight_sql(uri: str, sql: str) -> Any:
+    """The query as a SQL tool sends it: the ADBC Flight SQL driver against the gateway."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    with flightsql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        return cur.fetchall()
+
+
 def _cases(client: HarnessClient, parquet: str, repeats: int) -> list[dict]:
     out: list[dict] = []
     con = duckdb.connect()
@@ -184,6 +193,18 @@ def _cases(client: HarnessClient, parquet: str, repeats: int) -> list[dict]:
             out.append(
                 {"case": f"{name} read ({path})", "value": rows / read_s / 1e6, "unit": "M rows/s"}
             )
+        sql = agg.format(src="lineitem", where=f"WHERE {flt}")
+        secs, result = _best(lambda sql=sql: _flight_sql(client.uri, sql), repeats)
+        assert _close(result, expected), f"{name} flight sql: {result} != {expected}"
+        out.append(
+            {
+                "case": f"{name} via Flight SQL (ADBC)",
+                "value": secs,
+                "unit": "s",
+                "ratio": base_s / secs,
+                "ratio_vs": f"{name} duckdb on parquet",
+            }
+        )
     return out
 
 

@@ -55,3 +55,20 @@ def partitions_of(info: Any, version: int) -> list[InputPartition]:
         ]
         parts.append(EndpointPartition(ep.ticket.ticket, locs, version))
     return parts
+
+
+def given_partitions(options: dict[str, str]) -> list[InputPartition]:
+    """Partitions from the ``endpoints`` option: JSON ``[{"ticket": base64, "locations": [...]}]``
+    of endpoints planned elsewhere (``spark_datasource.native``), pinned to ``version``."""
+    import base64
+    import json
+
+    version = int(options.get("version") or 0)
+    try:
+        listed = json.loads(options["endpoints"])
+        return [
+            EndpointPartition(base64.b64decode(e["ticket"]), list(e.get("locations", [])), version)
+            for e in listed
+        ]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"option 'endpoints' is not a list of planned endpoints: {e}") from e

@@ -18,7 +18,13 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
-from spark_datasource.common import EndpointPartition, client, partitions_of, read_args
+from spark_datasource.common import (
+    EndpointPartition,
+    client,
+    given_partitions,
+    partitions_of,
+    read_args,
+)
 from spark_datasource.filters import Unsupported, to_filter_sql
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,8 @@ class HarnessFlightReader(DataSourceReader):
         self.pushed: list[str] = []
 
     def partitions(self) -> list[InputPartition]:
+        if "endpoints" in self.options:  # planned already (the native path's Flight half)
+            return given_partitions(self.options)
         args = read_args(self.options, self.pushed)
         with client(self.options) as c:
             info = c.flight_info(self.options["table"], **args)

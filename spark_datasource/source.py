@@ -4,7 +4,9 @@ Options (the same names as the Python client and the wire): ``uri``, ``table``, 
 ``version``, ``as_of``, ``columns`` (comma-separated: no column pruning reaches a Python data
 source), ``filter``, ``dedupe``, and ``sources`` (comma-separated source names: read only
 those, an extension used by pipelines); ``pushdown`` (see ``spark_datasource.reader``),
-``starting_version`` (streaming), ``source`` and ``max_upload_bytes`` (writes).
+``starting_version`` (streaming), ``source`` and ``max_upload_bytes`` (writes); ``endpoints``
+(JSON list of endpoints planned elsewhere, pinned by ``version``: the Flight half of
+``spark_datasource.native.read_native``).
 """
 
 from __future__ import annotations
