@@ -92,14 +92,19 @@ def main() -> None:
                 "name": "errors",
                 "kind": "files",
                 "partition": {"level": "ERROR"},
-                "config": {"format": "parquet", "root": str(root / "files")},
+                # direct: clients that ask may read these files themselves (data plane)
+                "config": {"format": "parquet", "root": str(root / "files"), "direct": True},
                 "state": {"files": ["part-0.parquet"]},
             },
             {
                 "name": "info",
                 "kind": "iceberg",
                 "partition": {"level": "INFO"},
-                "config": {"catalog": {"type": "sql", **ice_props}, "identifier": "db.events"},
+                "config": {
+                    "catalog": {"type": "sql", **ice_props},
+                    "identifier": "db.events",
+                    "direct": True,
+                },
                 "state": {"snapshot_id": events.current_snapshot().snapshot_id},
             },
             {
@@ -151,6 +156,20 @@ def main() -> None:
         {s["name"]: "pruned" if s["pruned"] else f"{s['tasks']} task(s)" for s in meta["sources"]},
     )
     log.info("rows: %d", client.read("logs", filter="level = 'INFO' AND id >= 10550").num_rows)
+
+    # The data plane: the gateway plans and signs; the client reads the cold files itself.
+    info = client.flight_info("logs", direct=True)
+    direct = sum(client.direct_task(ep) is not None for ep in info.endpoints)
+    via_flight = client.read("logs").sort_by("id")
+    via_direct = client.read("logs", direct=True).sort_by("id")
+    log.info(
+        "\ndirect read: %d of %d endpoints read by the client itself (Parquet + Iceberg files), "
+        "DuckLake through the gateway; same %d rows as the Flight read: %s",
+        direct,
+        len(info.endpoints),
+        via_direct.num_rows,
+        via_direct.equals(via_flight),
+    )
 
     hot_and_cold(client, ice, root)
 
@@ -299,6 +318,14 @@ def spark_part(client: HarnessClient, table: str) -> None:
         df.count(),
         by_source,
         df.rdd.getNumPartitions(),
+    )
+    from spark_datasource.native import read_native
+
+    native = read_native(spark, client.uri, table)
+    log.info(
+        "Spark native path: %d rows (cold files through Spark's own Parquet reader, hot "
+        "Kafka rows through harness-flight, one pinned version)",
+        native.count(),
     )
     flush = SparkKafkaToIcebergFlush(
         spark, client.uri, client, table, "kafka-0", "cold", owner="demo-spark-flush"
