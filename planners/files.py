@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from planners.common import (
 from planners.kind import (
     AppendContext,
     DirectFiles,
+    Pinned,
     Reach,
     ScanRequest,
     ScanTask,
@@ -202,6 +204,9 @@ class FilesKind(SourceKind):
 
     # ------------------------------------------------------------------ writing
 
+    def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
+        return maintain_files(pinned, grace_s)
+
     def append(self, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]:
         config: FilesConfig = self.parse_config(ctx.source)
         if config.format != "parquet":
@@ -237,3 +242,50 @@ class FilesKind(SourceKind):
             names.append(f[len(root) + 1 :])
         kept = [] if replace else _file_list(source.name, source.state)
         return {**source.state, "files": kept + [n for n in names if n not in kept]}
+
+
+# ---------------------------------------------------------------------------- maintenance
+
+#: Names the harness itself writes under a root: DoPut files, Spark staging directories.
+HARNESS_FILE_PREFIXES = ("harness-", "spark-")
+
+
+def _referenced(pinned: Sequence[Pinned]) -> dict[str, set[str]]:
+    """Local root -> the absolute paths some retained version lists there."""
+    roots: dict[str, set[str]] = {}
+    for p in pinned:
+        root = p.source.config.get("root")
+        if isinstance(root, str) and "://" not in root:
+            files = _file_list(p.source.name, p.source.state)
+            roots.setdefault(root, set()).update(
+                os.path.normpath(os.path.join(root, f)) for f in files
+            )
+    return roots
+
+
+def _clean_root(root: str, keep: set[str], grace_s: float) -> list[str]:
+    """Delete harness-written files under ``root`` that no pin lists and that are older than
+    ``grace_s`` (a write not committed yet is younger); others are never touched."""
+    deleted, now = [], time.time()
+    for dirpath, _dirs, names in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for name in names:
+            path = os.path.normpath(os.path.join(dirpath, name))
+            first = (name if rel == "." else rel).split(os.sep)[0]
+            if not first.startswith(HARNESS_FILE_PREFIXES) or path in keep:
+                continue
+            try:
+                if now - os.path.getmtime(path) < grace_s:
+                    continue
+                os.remove(path)
+            except FileNotFoundError:
+                continue
+            deleted.append(path)
+    return deleted
+
+
+def maintain_files(pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
+    deleted: list[str] = []
+    for root, keep in _referenced(pinned).items():
+        deleted += _clean_root(root, keep, grace_s)
+    return {"deleted_files": deleted}

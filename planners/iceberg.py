@@ -37,6 +37,7 @@ from planners.kind import (
     Additive,
     AppendContext,
     DirectFiles,
+    Pinned,
     Reach,
     ScanRequest,
     ScanTask,
@@ -332,6 +333,16 @@ class IcebergKind(SourceKind):
         snap = table.current_snapshot()
         return {**source.state, "snapshot_id": snap.snapshot_id if snap else None}
 
+    def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
+        """Snapshot expiry below the oldest pin of each Iceberg table the harness reads.
+        (Orphan data files are left: pyiceberg 0.12 has no safe orphan removal.)"""
+        expired = {}
+        for config, snaps in _pins(pinned).values():
+            n = expire_below_pins(config, snaps)
+            if n:
+                expired[str(config.get("identifier"))] = n
+        return {"expired": expired}
+
     def apply_additive(self, source: SourceRef, changes: Sequence[Additive]) -> None:
         table = load_table(source.config)
         names = {f.name for f in table.schema().fields}
@@ -347,3 +358,42 @@ class IcebergKind(SourceKind):
             # double, decimal precision up), as Iceberg's evolution rules allow.
             with table.update_schema() as update:
                 update.union_by_name(pa.schema(fields))
+
+
+# ---------------------------------------------------------------------------- maintenance
+
+
+def _pins(pinned: Sequence[Pinned]) -> dict[str, tuple[Mapping[str, Any], set[int]]]:
+    """Iceberg table (catalog + identifier) -> (a config to load it, snapshot ids pinned)."""
+    out: dict[str, tuple[Mapping[str, Any], set[int]]] = {}
+    for p in pinned:
+        snap = _snapshot_id(p.source.name, p.source.state)
+        key = json.dumps(
+            [p.source.config.get("catalog"), p.source.config.get("identifier")],
+            sort_keys=True,
+            default=str,
+        )
+        entry = out.setdefault(key, (p.source.config, set()))
+        if snap is not None:
+            entry[1].add(snap)
+    return out
+
+
+def expire_below_pins(config: Mapping[str, Any], pinned: set[int]) -> int:
+    """Expire (metadata only, as pyiceberg does) the snapshots older than the oldest pinned
+    one; snapshots after it stay, so ``since`` reads between pins walk an unbroken lineage.
+    Branch and tag heads are protected by pyiceberg."""
+    table = load_table(config)
+    stamps = {s.snapshot_id: s.timestamp_ms for s in table.metadata.snapshots}
+    oldest = min((stamps[i] for i in pinned if i in stamps), default=None)
+    if oldest is None:
+        return 0
+    current = table.current_snapshot()
+    doomed = [
+        i
+        for i, ts in stamps.items()
+        if ts < oldest and i not in pinned and (current is None or i != current.snapshot_id)
+    ]
+    if doomed:
+        table.maintenance.expire_snapshots().by_ids(doomed).commit()
+    return len(doomed)

@@ -19,6 +19,7 @@ entry-point group; see ``planners.registry``) holding a subclass of ``SourceKind
   ``EvolvesSchema``             additive DDL (new columns, widened types) before a schema commit
   ``Streams``                   the rows added between two states (streaming ``since`` reads)
   ``ReadsDirect``               clients read the task's files themselves (direct tasks)
+  ``Maintains``                 housekeeping that respects pins (file cleanup, expiry, guards)
   ``HasCommands``               sub-commands of the ``harness-gateway`` CLI
   ============================  =========================================================
 
@@ -390,6 +391,25 @@ class ReadsDirect(Protocol):
     through the gateway (e.g. data files with delete files the client would have to apply)."""
 
     def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None: ...
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A source as one retained version of one table pins it (config resolved)."""
+
+    table: str
+    version: int
+    source: SourceRef
+
+
+@runtime_checkable
+class Maintains(Protocol):
+    """Housekeeping that respects pins (``harness-gateway maintain``): ``maintain`` receives every
+    source of this kind that a retained version of any table pins, and must never remove what
+    one of them reads. It returns what it did, as JSON: ``deleted_files`` (list), ``expired``
+    (``{name: count}``) and ``lost`` (``{"table/source": rows a pin can no longer read}``)."""
+
+    def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]: ...
 
 
 @runtime_checkable

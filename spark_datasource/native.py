@@ -146,12 +146,14 @@ def read_native(
                 (ep, task)
             )
     frames = _direct_frames(spark, [t for _, t in direct])
-    # The Flight half: the same plan's other endpoints, schema of the pinned projection.
-    reader = _flight_frame(spark, uri, table, token, [ep for ep, _ in flight])
-    reader = reader.option("version", str(pinned))
-    if columns:
-        reader = reader.option("columns", ",".join(columns))
-    hot = reader.load()
+    if flight or not frames:
+        # The Flight half: the same plan's other endpoints, schema of the pinned projection.
+        # (Skipped when every task is direct: an empty Python source still costs a worker.)
+        reader = _flight_frame(spark, uri, table, token, [ep for ep, _ in flight])
+        reader = reader.option("version", str(pinned))
+        if columns:
+            reader = reader.option("columns", ",".join(columns))
+        frames.insert(0, reader.load())
     log.info(
         "native read of %s@%d: %d direct task(s) in %d native read(s), %d Flight endpoint(s)",
         table,
@@ -160,8 +162,8 @@ def read_native(
         len(frames),
         len(flight),
     )
-    result = hot
-    for df in frames:
+    result = frames[0]
+    for df in frames[1:]:
         result = result.unionByName(df)
     return result
 

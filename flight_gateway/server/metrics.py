@@ -8,7 +8,7 @@ add to the same counters). What is counted, and where:
 - commits by outcome, lock requests by outcome, lock expiries seen by writers;
 - group-commit groups, commits and the largest group (read from the catalog when scraped);
 - ticket rejections (tampered, expired, another principal's);
-- Kafka sources whose pinned ``low`` is below the topic's earliest offset (maintenance).
+- rows a pinned version needs that its source lost (e.g. Kafka retention; maintenance).
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ AUTH_FAILURES = Counter(
 TICKETS_REJECTED = Counter(
     "harness_ticket_rejections", "DoGet tickets refused", ["reason"], registry=REGISTRY
 )
-KAFKA_BEHIND = Gauge(
-    "harness_kafka_low_below_earliest",
-    "Messages a Kafka source's pinned range has lost to topic retention (0 when none)",
+PINNED_LOST = Gauge(
+    "harness_pinned_rows_lost",
+    "Rows a retained version pins that its source no longer holds, e.g. Kafka messages below "
+    "the topic's earliest offset (0 when none; set by maintenance)",
     ["table", "source"],
     registry=REGISTRY,
 )

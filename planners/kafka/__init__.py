@@ -37,6 +37,7 @@ from planners.kafka.decode import Decoder, dead_letter_counts
 from planners.kind import (
     AppendContext,
     ColumnSpec,
+    Pinned,
     Reach,
     ScanRequest,
     ScanTask,
@@ -106,6 +107,9 @@ class KafkaKind(SourceKind):
     config_model = KafkaConfig
     dedupe_tier = 2  # the hottest tier: data flows Kafka -> Postgres -> cold formats
     cumulative = True
+
+    def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
+        return {"lost": retention_guard(pinned)}
 
     def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
         _range(name, state)
@@ -200,3 +204,39 @@ def read_offsets(
     ref = SourceRef(source, KafkaKind.name, config, {}, {"low": low, "high": high})
     req = ScanRequest(ref, tuple(columns))
     return KafkaKind().read(req, ScanTask(source, {"low": low, "high": high})).read_all()
+
+
+# ---------------------------------------------------------------------------- maintenance
+
+
+def _earliest_offset(config: KafkaConfig) -> int | None:
+    from confluent_kafka import TopicPartition
+
+    c = consumer(config, "harness-maintenance")
+    try:
+        low, _high = c.get_watermark_offsets(
+            TopicPartition(config.topic, config.partition), timeout=10
+        )
+        return int(low)
+    except Exception as e:  # an unreachable broker must not stop other housekeeping
+        log.warning("cannot read earliest offset of %s/%d: %s", config.topic, config.partition, e)
+        return None
+    finally:
+        c.close()
+
+
+def retention_guard(pinned: Sequence[Pinned]) -> dict[str, int]:
+    """``{"table/source": n}``: messages below the topic's earliest offset that the latest pin
+    of a source still needs (topic retention ran ahead of the movers: rows are lost)."""
+    latest: dict[tuple[str, str], Pinned] = {}
+    for p in pinned:
+        key = (p.table, p.source.name)
+        if key not in latest or latest[key].version < p.version:
+            latest[key] = p
+    lost = {}
+    for (table, name), p in latest.items():
+        config = KafkaConfig.parse(p.source.config, where=f"source {name!r}")
+        earliest = _earliest_offset(config)
+        low = int(p.source.state.get("low", 0))
+        lost[f"{table}/{name}"] = max(0, earliest - low) if earliest is not None else 0
+    return lost
