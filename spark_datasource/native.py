@@ -146,6 +146,7 @@ def read_native(
                 (ep, task)
             )
     frames = _direct_frames(spark, [t for _, t in direct])
+    native_reads = len(frames)
     if flight or not frames:
         # The Flight half: the same plan's other endpoints, schema of the pinned projection.
         # (Skipped when every task is direct: an empty Python source still costs a worker.)
@@ -159,7 +160,7 @@ def read_native(
         table,
         pinned,
         len(direct),
-        len(frames),
+        native_reads,
         len(flight),
     )
     result = frames[0]
