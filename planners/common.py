@@ -147,6 +147,18 @@ def to_physical(
     return rows.rename_columns(names)
 
 
+def fit_to_schema(
+    rows: pa.Table, schema: pa.Schema, aliases: Mapping[str, tuple[str, ...]]
+) -> pa.Table:
+    """Rows to append to a source with its own schema: harness names mapped to its physical
+    names, columns it has but the rows lack as nulls, in its order and types."""
+    data = to_physical(rows, schema.names, aliases)
+    for f in schema:
+        if f.name not in data.column_names:
+            data = data.append_column(f.name, pa.nulls(data.num_rows, f.type))
+    return data.select(schema.names).cast(schema)
+
+
 def empty_reader(cols: Sequence[ColumnSpec]) -> pa.RecordBatchReader:
     return pa.RecordBatchReader.from_batches(target_schema(cols), iter(()))
 

@@ -37,10 +37,10 @@ from planners.common import (
     apply_residual,
     conform,
     empty_reader,
+    fit_to_schema,
     group_by_size,
     physical_names,
     pushdown,
-    to_physical,
 )
 from planners.kind import (
     Additive,
@@ -238,13 +238,10 @@ class DeltaKind(SourceKind):
         if found is not None:  # an earlier try of this commit appended already
             return {**src.state, "version": found}
         schema = pa.schema(_table(config).schema().to_arrow())
-        data = to_physical(rows, schema.names, ctx.aliases)
-        for f in schema:
-            if f.name not in data.column_names:
-                data = data.append_column(f.name, pa.nulls(data.num_rows, f.type))
+        data = fit_to_schema(rows, schema, ctx.aliases)
         write_deltalake(
             config.uri,
-            data.select(schema.names).cast(schema),
+            data,
             mode="append",
             storage_options=config.storage_options or None,
             commit_properties=CommitProperties(custom_metadata={ops.SNAP_COMMIT_ID: ctx.commit_id}),

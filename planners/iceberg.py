@@ -28,10 +28,10 @@ from flight_gateway.protocol import operations as ops
 from planners.common import (
     conform,
     empty_reader,
+    fit_to_schema,
     group_by_size,
     physical_names,
     pushdown,
-    to_physical,
 )
 from planners.kind import (
     Additive,
@@ -293,12 +293,9 @@ class IcebergKind(SourceKind):
             if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == ctx.commit_id:
                 return {**src.state, "snapshot_id": snap.snapshot_id}
         schema = table.schema().as_arrow()
-        data = to_physical(rows, schema.names, ctx.aliases)
-        for f in schema:
-            if f.name not in data.column_names:
-                data = data.append_column(f.name, pa.nulls(data.num_rows, f.type))
+        data = fit_to_schema(rows, schema, ctx.aliases)
         table.append(
-            data.select(schema.names).cast(schema),
+            data,
             snapshot_properties={ops.SNAP_COMMIT_ID: ctx.commit_id},
         )
         return {**src.state, "snapshot_id": table.current_snapshot().snapshot_id}

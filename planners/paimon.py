@@ -34,11 +34,11 @@ from flight_gateway.protocol import operations as ops
 from planners.common import (
     conform,
     empty_reader,
+    fit_to_schema,
     group_by_size,
     physical_names,
     pushdown,
     read_files,
-    to_physical,
 )
 from planners.kind import (
     Additive,
@@ -287,14 +287,11 @@ class PaimonKind(SourceKind):
         if found is not None:  # an earlier try of this commit appended already
             return {**src.state, "snapshot_id": found}
         schema = pa.schema(PyarrowFieldParser.from_paimon_schema(table.fields))
-        data = to_physical(rows, schema.names, ctx.aliases)
-        for f in schema:
-            if f.name not in data.column_names:
-                data = data.append_column(f.name, pa.nulls(data.num_rows, f.type))
+        data = fit_to_schema(rows, schema, ctx.aliases)
         builder = table.new_batch_write_builder()
         write, commit = builder.new_write(), builder.new_commit()
         try:
-            write.write_arrow(data.select(schema.names).cast(schema))
+            write.write_arrow(data)
             commit.commit(
                 write.prepare_commit(), snapshot_properties={ops.SNAP_COMMIT_ID: ctx.commit_id}
             )
