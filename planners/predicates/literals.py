@@ -109,6 +109,10 @@ def in_list(column: str, lits: list[SqlLiteral | None], ftype: pa.DataType) -> E
     if any(lit is not None and lit.kind == APPROX for lit in lits):
         # SQL compares the whole list in one common type: one DOUBLE makes it DOUBLE.
         lits = [replace(lit, kind=APPROX) if lit and lit.kind == EXACT else lit for lit in lits]
+    if any(lit is not None and lit.kind == TIMESTAMP for lit in lits):
+        # Likewise one TIMESTAMP makes it TIMESTAMP: an untyped string in the list is read as a
+        # timestamp, not cast to the column's DATE (which would drop its time of day).
+        lits = [_as_timestamp(lit) if lit and lit.kind == STRING else lit for lit in lits]
     values: list[Any] = []
     never: SqlLiteral | None = None
     for lit in lits:
@@ -125,6 +129,13 @@ def in_list(column: str, lits: list[SqlLiteral | None], ftype: pa.DataType) -> E
     if never is None:
         raise ValueError("empty IN list")
     return compare("=", column, never, ftype)  # no value can match: FALSE, or NULL for NULL
+
+
+def _as_timestamp(lit: SqlLiteral) -> SqlLiteral:
+    try:
+        return replace(lit, kind=TIMESTAMP, value=parse_datetime(str(lit.value)))
+    except ValueError:
+        return lit  # not a timestamp: compared as the string it is (and refused if it cannot)
 
 
 def between(
