@@ -11,7 +11,8 @@ One pass (``run_once``) over every table of a catalog:
    snapshots older than the oldest pinned one (metadata only; later snapshots stay, so ``since``
    reads keep an unbroken lineage); the ``kafka`` kind reports messages a pin needs that topic
    retention already deleted (logged as an error, exported as
-   ``harness_pinned_rows_lost``).
+   ``harness_pinned_rows_lost``); the ``postgres`` kind replaces versioning triggers that an
+   older release installed (``upgraded``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Report:
     deleted_files: list[str] = field(default_factory=list)
     expired: dict[str, int] = field(default_factory=dict)
     lost: dict[str, int] = field(default_factory=dict)
+    upgraded: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,12 +45,14 @@ class Report:
             "deleted_files": self.deleted_files,
             "expired": self.expired,
             "lost": {k: v for k, v in self.lost.items() if v},
+            "upgraded": self.upgraded,
         }
 
     def add(self, done: Mapping[str, Any]) -> None:
         self.deleted_files += list(done.get("deleted_files", []))
         self.expired.update(done.get("expired", {}))
         self.lost.update(done.get("lost", {}))
+        self.upgraded += list(done.get("upgraded", []))
 
 
 def retained(catalog: Catalog, table: str) -> list[TableSnapshot]:

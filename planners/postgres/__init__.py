@@ -35,6 +35,7 @@ from planners.common import (
 from planners.kind import (
     Additive,
     AppendContext,
+    Pinned,
     Reach,
     ScanRequest,
     ScanTask,
@@ -228,6 +229,22 @@ class PostgresKind(SourceKind):
         from planners.postgres.writes import alter_tables
 
         alter_tables(self.parse_config(source), changes)
+
+    def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
+        """Replace versioning triggers an older release installed in the pinned sources'
+        databases (docs/sources.md); removes nothing."""
+        import psycopg
+
+        from planners.postgres.versioning import upgrade_versioning
+
+        upgraded: list[str] = []
+        for dsn in sorted({self.parse_config(p.source).dsn for p in pinned}):
+            try:
+                with psycopg.connect(dsn) as conn:
+                    upgraded += upgrade_versioning(conn)
+            except psycopg.Error as e:
+                raise Unavailable(f"PostgreSQL maintenance failed: {e}") from e
+        return {"upgraded": upgraded}
 
     def add_commands(self, subparsers: Any) -> None:
         from planners.postgres.versioning import add_commands

@@ -10,7 +10,7 @@ import pyarrow as pa
 from planners.common import to_physical
 from planners.kind import Additive
 from planners.postgres import PostgresConfig
-from planners.postgres.versioning import server_now
+from planners.postgres.versioning import ensure_current, server_now
 from planners.predicates import quote_ident
 from planners.sqltypes import sql_type
 
@@ -18,6 +18,16 @@ _LOG_DDL = (
     "CREATE TABLE IF NOT EXISTS harness_doput_log (commit_id text, source text, "
     "written_at timestamptz DEFAULT now(), PRIMARY KEY (commit_id, source))"
 )
+
+
+def _ensure_log(conn: Any) -> None:
+    """Create the DoPut log once per database. Two first DoPuts at once would otherwise both
+    run CREATE TABLE and one would fail on the catalog's unique index."""
+    with conn.transaction():
+        if conn.execute("SELECT to_regclass('harness_doput_log')").fetchone()[0] is not None:
+            return
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('dataharness.doput_log'))")
+        conn.execute(_LOG_DDL)
 
 
 def _existing_columns(conn: Any, config: PostgresConfig) -> list[str]:
@@ -44,8 +54,9 @@ def copy_rows(
     import psycopg
 
     with psycopg.connect(config.dsn) as conn:
+        ensure_current(conn, config.schema)
+        _ensure_log(conn)
         with conn.transaction():
-            conn.execute(_LOG_DDL)
             done = conn.execute(
                 "SELECT 1 FROM harness_doput_log WHERE commit_id = %s AND source = %s",
                 (commit_id, source),
@@ -67,7 +78,13 @@ def alter_tables(config: PostgresConfig, changes: Sequence[Additive]) -> None:
     """Additive DDL on the current and the history table (idempotent statements)."""
     import psycopg
 
-    with psycopg.connect(config.dsn) as conn, conn.transaction():
+    with psycopg.connect(config.dsn) as conn:
+        ensure_current(conn, config.schema)
+        _alter(conn, config, changes)
+
+
+def _alter(conn: Any, config: PostgresConfig, changes: Sequence[Additive]) -> None:
+    with conn.transaction():
         existing = set(_existing_columns(conn, config))
         for t in (config.table, config.history):
             target = config.qualified(t)
