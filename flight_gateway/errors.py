@@ -7,6 +7,8 @@ the catalog and the planners can raise them without knowing about the wire.
 
 from __future__ import annotations
 
+import re
+
 
 class HarnessError(Exception):
     """Base class of every error the harness raises on purpose."""
@@ -61,7 +63,38 @@ class Unavailable(HarnessError):
     status = "UNAVAILABLE"
 
 
+class TimedOut(HarnessError):
+    """A call ran past a configured time limit (an SQL statement's ``limits.sql_timeout_s``)."""
+
+    status = "DEADLINE_EXCEEDED"
+
+
 class ResourceExhausted(HarnessError):
     """A per-caller limit was reached (concurrent streams); retry later."""
 
     status = "RESOURCE_EXHAUSTED"
+
+
+_CONTENT = [
+    # CSV: "Row #3: Expected 2 columns, got 1: <the line>"
+    (re.compile(r"(Expected \d+ columns?, got \d+)\s*:.*", re.DOTALL), r"\1"),
+    # CSV/JSON conversions: "invalid value 'abc'", "Invalid value: xyz"
+    (re.compile(r"(invalid value)\s*('[^']*'|\"[^\"]*\"|:\s*\S.*)", re.IGNORECASE), r"\1"),
+    # Casts: "Failed to parse string: 'abc' as a scalar of type int64"
+    (re.compile(r"(string)\s*:\s*'[^']*'", re.IGNORECASE), r"\1"),
+    # Parsers quoting the text they stopped at: "... near 'text'", "... at: text"
+    (
+        re.compile(r"(\b(?:near|at|got|found|token)\b)\s*'[^']*'", re.IGNORECASE),
+        r"\1 (text withheld)",
+    ),
+]
+
+
+def without_content(message: str) -> str:
+    """A reader's error message with any quoted file content removed: the position and the
+    reason stay (``Row #3: Expected 2 columns, got 1``), the offending line or value goes. Used
+    for every error a source reader raises, so a file the caller should not see cannot be read
+    back through error messages."""
+    for pattern, repl in _CONTENT:
+        message = pattern.sub(repl, message)
+    return message

@@ -7,6 +7,10 @@ or get it back in an error message. The gateway therefore resolves only names ma
 operator's patterns (``secrets.allow`` in the gateway config, default ``HARNESS_SECRET_*``), and
 remembers every value it substituted so that error messages, replies and log lines can be
 scrubbed of them (``scrub``, ``ScrubFilter``).
+
+An entry of ``secrets.allow`` is a name pattern (any table's config may use those names) or
+``{"names": [patterns], "tables": [table patterns]}``: only configs of those tables may use them,
+so one team's table admins cannot point another team's secret at a host they choose.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from flight_gateway.errors import InvalidArgument
@@ -59,28 +64,64 @@ class ScrubFilter(logging.Filter):
         return True
 
 
+@dataclass(frozen=True)
+class SecretRule:
+    """Names (patterns) a source config may reference, and the tables (patterns) whose configs
+    may; ``tables`` None means every table."""
+
+    names: tuple[str, ...]
+    tables: tuple[str, ...] | None = None
+
+    @classmethod
+    def parse(cls, entry: Any) -> SecretRule:
+        if isinstance(entry, str):
+            return cls((entry,))
+        if isinstance(entry, Mapping) and set(entry) <= {"names", "tables"} and "names" in entry:
+            names, tables = entry["names"], entry.get("tables")
+            if _strings(names) and (tables is None or _strings(tables)):
+                return cls(tuple(names), None if tables is None else tuple(tables))
+        raise ValueError(
+            "secrets.allow entries are name patterns or {'names': [...], 'tables': [...]}"
+        )
+
+    def permits(self, name: str, table: str | None) -> bool:
+        if not any(fnmatch.fnmatchcase(name, p) for p in self.names):
+            return False
+        if self.tables is None:
+            return True
+        return table is not None and any(fnmatch.fnmatchcase(table, p) for p in self.tables)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+
+
 class SecretResolver:
-    """Resolves ``${NAME}`` references whose NAME matches one of ``allowed`` (fnmatch)."""
+    """Resolves ``${NAME}`` references that a rule of ``allowed`` permits for the table."""
 
     def __init__(
-        self, allowed: Sequence[str] = DEFAULT_ALLOWED, env: Mapping[str, str] | None = None
+        self, allowed: Sequence[Any] = DEFAULT_ALLOWED, env: Mapping[str, str] | None = None
     ) -> None:
-        self.allowed = tuple(allowed)
+        self.rules = tuple(SecretRule.parse(a) for a in allowed)
         self._env = env
 
-    def permits(self, name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, p) for p in self.allowed)
+    def permits(self, name: str, table: str | None = None) -> bool:
+        return any(r.permits(name, table) for r in self.rules)
 
-    def _sub(self, text: str, where: str) -> str:
+    def _refuse(self, name: str, where: str, table: str | None) -> InvalidArgument:
+        scope = f" for table {table!r}" if table is not None else ""
+        return InvalidArgument(
+            f"{where} references ${{{name}}}, which the gateway does not allow{scope} "
+            "(see secrets.allow in the gateway config)"
+        )
+
+    def _sub(self, text: str, where: str, table: str | None) -> str:
         env = os.environ if self._env is None else self._env
 
         def one(m: re.Match[str]) -> str:
             name = m.group(1)
-            if not self.permits(name):
-                raise InvalidArgument(
-                    f"{where} references ${{{name}}}, which the gateway does not allow "
-                    f"(allowed names: {', '.join(self.allowed) or 'none'})"
-                )
+            if not self.permits(name, table):
+                raise self._refuse(name, where, table)
             if name not in env:
                 raise InvalidArgument(f"{where} references ${{{name}}}, which is not set")
             remember(env[name])
@@ -88,28 +129,25 @@ class SecretResolver:
 
         return REF.sub(one, text)
 
-    def resolve(self, config: Any, *, where: str) -> Any:
+    def resolve(self, config: Any, *, where: str, table: str | None = None) -> Any:
         """``config`` with every allowed reference replaced (strings, nested lists and objects)."""
         if isinstance(config, str):
-            return self._sub(config, where)
+            return self._sub(config, where, table)
         if isinstance(config, Mapping):
-            return {k: self.resolve(v, where=where) for k, v in config.items()}
+            return {k: self.resolve(v, where=where, table=table) for k, v in config.items()}
         if isinstance(config, list):
-            return [self.resolve(v, where=where) for v in config]
+            return [self.resolve(v, where=where, table=table) for v in config]
         return config
 
-    def check(self, config: Any, *, where: str) -> None:
+    def check(self, config: Any, *, where: str, table: str | None = None) -> None:
         """Refuse references to names the gateway does not allow, without resolving them."""
         if isinstance(config, str):
             for name in REF.findall(config):
-                if not self.permits(name):
-                    raise InvalidArgument(
-                        f"{where} references ${{{name}}}, which the gateway does not allow "
-                        f"(allowed names: {', '.join(self.allowed) or 'none'})"
-                    )
+                if not self.permits(name, table):
+                    raise self._refuse(name, where, table)
         elif isinstance(config, Mapping):
             for v in config.values():
-                self.check(v, where=where)
+                self.check(v, where=where, table=table)
         elif isinstance(config, list):
             for v in config:
-                self.check(v, where=where)
+                self.check(v, where=where, table=table)

@@ -33,6 +33,7 @@ import pyarrow.dataset as ds
 
 from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
 from flight_gateway.protocol import operations as ops
+from planners import locations
 from planners.common import (
     apply_residual,
     conform,
@@ -46,12 +47,14 @@ from planners.kind import (
     Additive,
     AppendContext,
     DirectFiles,
+    EngineScan,
     Reach,
     ScanRequest,
     ScanTask,
     SourceConfig,
     SourceKind,
     SourceRef,
+    parquet_engine_scan,
 )
 from planners.predicates import to_arrow
 
@@ -73,6 +76,26 @@ def _version(source: str, state: Mapping[str, Any]) -> int | None:
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
         raise InvalidArgument(f"source {source!r}: version must be an integer >= 0, got {v!r}")
     return v
+
+
+#: delta-rs object-store options naming a network endpoint; other network-like keys are refused.
+STORAGE_NETWORK = {
+    k: "uri"
+    for k in (
+        "aws_endpoint_url",
+        "aws_endpoint",
+        "endpoint",
+        "endpoint_url",
+        "azure_storage_endpoint",
+    )
+}
+
+
+def file_locations(table: Any, paths: Sequence[str]) -> list[str]:
+    """Where the files of ``paths`` (as the log lists them: relative to the table, or absolute)
+    are, for checking them against the gateway's allow-lists before they are read or signed."""
+    root = str(table.table_uri).rstrip("/")
+    return [p if locations.is_uri(p) or p.startswith("/") else f"{root}/{p}" for p in paths]
 
 
 def _table(config: DeltaConfig, version: int | None = None) -> Any:
@@ -134,7 +157,10 @@ class DeltaKind(SourceKind):
         _version(name, state)
 
     def reaches(self, source: SourceRef) -> list[Reach]:
-        return [Reach("path", "uri", self.parse_config(source).uri)]
+        config: DeltaConfig = self.parse_config(source)
+        return locations.storage("uri", config.uri) + locations.network_options(
+            "storage_options", config.storage_options, STORAGE_NETWORK
+        )
 
     # ------------------------------------------------------------------ reading
 
@@ -160,6 +186,7 @@ class DeltaKind(SourceKind):
             if only is None or f.path in only
         ]
         request.check_task_count(len(files))
+        request.check_files("data file", file_locations(table, [f for f, _ in files]))
         groups = group_by_size(files, config.target_task_bytes)
         return [ScanTask(src.name, {"files": g}, exact_filter=True) for g in groups]
 
@@ -172,7 +199,8 @@ class DeltaKind(SourceKind):
         version = _version(src.name, src.state)
         if version is None:
             return empty_reader(cols)
-        _, dataset = _open(src, self.parse_config(src), version)
+        table, dataset = _open(src, self.parse_config(src), version)
+        request.check_files("data file", file_locations(table, list(task.payload["files"])))
         wanted = set(task.payload["files"])
         frags = [f for f in dataset.get_fragments() if f.path in wanted]
         if len(frags) != len(wanted):
@@ -191,6 +219,9 @@ class DeltaKind(SourceKind):
             out = apply_residual(out, request.predicate)
         return out
 
+    def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> EngineScan | None:
+        return parquet_engine_scan(self, request, tasks)
+
     def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None:
         src = request.source
         version = _version(src.name, src.state)
@@ -199,10 +230,8 @@ class DeltaKind(SourceKind):
         table, _ = _open(src, self.parse_config(src), version)
         if table.metadata().partition_columns:
             return None  # partition values are in the log, not in the files
-        root = table.table_uri.rstrip("/")
-        if root.startswith("file://"):
-            root = root[len("file://") :]
-        return DirectFiles("parquet", tuple(f"{root}/{p}" for p in task.payload["files"]))
+        paths = file_locations(table, list(task.payload["files"]))
+        return DirectFiles("parquet", tuple(p.removeprefix("file://") for p in paths))
 
     def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
         """Files added by the append versions between the two states that the pinned version

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from flight_gateway.errors import InvalidArgument, Unavailable
+from planners import locations
 from planners.common import (
     DEFAULT_BATCH_ROWS,
     apply_residual,
@@ -94,6 +95,17 @@ def _snapshot(source: str, state: Mapping[str, Any]) -> int | None:
     return snap
 
 
+def _files(con: Any, config: Mapping[str, Any], snap: int) -> list[str]:
+    """The data and delete files DuckDB will open for the table at ``snap`` (the lake's
+    metadata lists them; they may lie anywhere, not only under ``data_path``)."""
+    rows = con.execute(
+        "SELECT data_file, delete_file FROM ducklake_list_files('lake', ?, schema => ?, "
+        "snapshot_version => ?)",
+        [str(config.get("table")), str(config.get("schema", "main")), int(snap)],
+    ).fetchall()
+    return [f for row in rows for f in row if f]
+
+
 class DuckLakeKind(SourceKind):
     config_model = DuckLakeConfig
 
@@ -108,9 +120,9 @@ class DuckLakeKind(SourceKind):
 
             out = dsn_reaches(meta[len("postgres:") :], "metadata")
         else:
-            out = [Reach("path", "metadata", meta.removeprefix("sqlite:"))]
+            out = locations.storage("metadata", meta.removeprefix("sqlite:"))
         if config.data_path:
-            out.append(Reach("path", "data_path", config.data_path))
+            out += locations.storage("data_path", config.data_path)
         return out
 
     def plan(self, request: ScanRequest) -> list[ScanTask]:
@@ -128,6 +140,7 @@ class DuckLakeKind(SourceKind):
         self.parse_config(src)
         con = connect(src.config)
         try:
+            request.check_files("data file", _files(con, src.config, snap))
             at = f"{table_ref(src.config)} AT (VERSION => {int(snap)})"
             available = [d[0] for d in con.execute(f"SELECT * FROM {at} LIMIT 0").description]
             mapping = physical_names(cols, available)

@@ -24,6 +24,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from flight_gateway.errors import InvalidArgument, Unavailable
+from planners import locations
 from planners.avro import read_avro
 from planners.common import (
     DEFAULT_BATCH_ROWS,
@@ -36,6 +37,7 @@ from planners.common import (
 from planners.kind import (
     AppendContext,
     DirectFiles,
+    EngineScan,
     Pinned,
     Reach,
     ScanRequest,
@@ -43,6 +45,7 @@ from planners.kind import (
     SourceConfig,
     SourceKind,
     SourceRef,
+    parquet_engine_scan,
 )
 
 FORMATS = {
@@ -90,6 +93,15 @@ def resolve_paths(root: str | None, files: Sequence[Any]) -> tuple[pafs.FileSyst
     return fs, out
 
 
+def _uris(fs: pafs.FileSystem, root: str | None, paths: list[str]) -> list[str]:
+    """Filesystem paths as locations a client can open: absolute local paths, or URIs with the
+    root's scheme (``s3://bucket/key``)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return [os.path.realpath(p) for p in paths]  # the files checked, wherever links lead
+    scheme = root.split("://", 1)[0] if root and "://" in root else ""
+    return [f"{scheme}://{p}" if scheme else p for p in paths]
+
+
 def _write_once(fs: pafs.FileSystem, path: str, rows: pa.Table) -> None:
     """Write ``path`` unless it exists, never overwriting: the data goes to a temporary name
     first and is moved into place whole, so an existing file is always a complete earlier try
@@ -135,15 +147,23 @@ class FilesKind(SourceKind):
     def reaches(self, source: SourceRef) -> list[Reach]:
         config: FilesConfig = self.parse_config(source)
         if config.root:
-            return [Reach("path", "root", config.root)]
-        return [Reach("path", "files", f) for f in _file_list(source.name, source.state)]
+            return locations.storage("root", config.root)
+        return locations.files("files", _file_list(source.name, source.state))
+
+    def _paths(self, request: ScanRequest, files: list[str]) -> tuple[pafs.FileSystem, list[str]]:
+        """The filesystem paths of ``files``, each checked against the gateway's allow-lists
+        where it really is (symlinks inside the root may point anywhere)."""
+        config: FilesConfig = self.parse_config(request.source)
+        fs, paths = resolve_paths(config.root, files)
+        request.check_files("data file", _uris(fs, config.root, paths))
+        return fs, paths
 
     # ------------------------------------------------------------------ reading
 
     def _tasks(self, request: ScanRequest, files: list[str]) -> list[ScanTask]:
         src = request.source
         config: FilesConfig = self.parse_config(src)
-        fs, paths = resolve_paths(config.root, files)
+        fs, paths = self._paths(request, files)
         infos = fs.get_file_info(paths) if paths else []
         for info in infos:
             if info.type == pafs.FileType.NotFound:
@@ -161,7 +181,7 @@ class FilesKind(SourceKind):
         src = request.source
         config: FilesConfig = self.parse_config(src)
         fmt = FORMATS[config.format]
-        fs, paths = resolve_paths(config.root, list(task.payload["files"]))
+        fs, paths = self._paths(request, list(task.payload["files"]))
         cols = request.columns
 
         def one(path: str) -> pa.RecordBatchReader:
@@ -184,17 +204,15 @@ class FilesKind(SourceKind):
 
         return chain_readers(target_schema(cols), readers())
 
+    def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> EngineScan | None:
+        return parquet_engine_scan(self, request, tasks)
+
     def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None:
         config: FilesConfig = self.parse_config(request.source)
         if FORMATS[config.format] == "avro":
             return None  # clients read Parquet/ORC/IPC/CSV with pyarrow; Avro goes through us
-        fs, paths = resolve_paths(config.root, list(task.payload["files"]))
-        if isinstance(fs, pafs.LocalFileSystem):
-            paths = [os.path.abspath(p) for p in paths]
-        elif config.root and "://" in config.root:  # keep the scheme: s3://bucket/key
-            scheme = config.root.split("://", 1)[0]
-            paths = [f"{scheme}://{p}" for p in paths]
-        return DirectFiles(FORMATS[config.format], tuple(paths))
+        fs, paths = self._paths(request, list(task.payload["files"]))
+        return DirectFiles(FORMATS[config.format], tuple(_uris(fs, config.root, paths)))
 
     def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
         src = request.source

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway.errors import InvalidArgument, Unavailable
+from planners import locations
 from planners.common import closing, conform, physical_names
 from planners.kind import Reach, ScanRequest, ScanTask, SourceConfig, SourceKind, SourceRef
 
@@ -48,7 +49,7 @@ class FlightKind(SourceKind):
 
     def reaches(self, source: SourceRef) -> list[Reach]:
         # Upstream endpoints may name other locations: those are checked when read.
-        return [Reach("uri", "location", self.parse_config(source).location)]
+        return [locations.service_uri("location", self.parse_config(source).location)]
 
     def plan(self, request: ScanRequest) -> list[ScanTask]:
         src = request.source

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
 from flight_gateway.protocol import operations as ops
+from planners import locations
 from planners.common import (
     conform,
     empty_reader,
@@ -34,9 +35,12 @@ from planners.common import (
     pushdown,
 )
 from planners.kind import (
+    ALLOW_ALL,
     Additive,
     AppendContext,
     DirectFiles,
+    EngineScan,
+    Guard,
     Pinned,
     Reach,
     ScanRequest,
@@ -44,6 +48,7 @@ from planners.kind import (
     SourceConfig,
     SourceKind,
     SourceRef,
+    parquet_engine_scan,
 )
 from planners.predicates.iceberg import to_iceberg
 
@@ -61,57 +66,130 @@ class IcebergConfig(SourceConfig):
 
     def __post_init__(self) -> None:
         # pyiceberg imports the classes these name: a table writer must not load code.
-        loading = sorted(k for k in self.catalog if str(k).startswith("py-"))
+        loading = sorted(k for k in self.catalog if str(k).startswith(("py-", "harness.")))
         if loading:
-            raise InvalidArgument(f"iceberg catalog properties {loading} load code; not allowed")
+            raise InvalidArgument(
+                f"iceberg catalog properties {loading} load code or are the gateway's own; "
+                "not allowed"
+            )
+
+
+#: Catalog types whose every location the gateway can check (others reach services it cannot
+#: see, such as AWS Glue through boto's own configuration).
+CATALOG_TYPES = ("sql", "rest", "hive", "in-memory")
+#: Network-like catalog properties and how each is checked; any other is refused.
+CATALOG_NETWORK = {
+    "oauth2-server-uri": "uri",
+    "s3.endpoint": "uri",
+    "s3.proxy-uri": "uri",
+}
+
+
+def catalog_type(props: Mapping[str, Any]) -> str:
+    """The type pyiceberg infers when ``type`` is missing (from the ``uri`` scheme)."""
+    if props.get("type"):
+        return str(props["type"]).lower()
+    uri = str(props.get("uri", ""))
+    if uri.startswith(("http://", "https://")):
+        return "rest"
+    if uri.startswith("thrift://"):
+        return "hive"
+    return "sql" if uri else "rest"
 
 
 def _catalog_reaches(props: Mapping[str, Any]) -> list[Reach]:
-    """The catalog database or service, the warehouse, and any storage endpoint."""
-    out = []
-    for key, value in props.items():
-        text = str(value)
-        if key == "uri":
-            if text.startswith("sqlite:"):
-                out.append(Reach("path", "catalog.uri", text.split(":///", 1)[-1]))
-            elif "://" in text and not text.startswith("http"):
-                out.append(Reach("host", "catalog.uri", _netloc(text)))
-            else:
-                out.append(Reach("uri", "catalog.uri", text))
-        elif key == "warehouse":
-            out.append(Reach("path", "catalog.warehouse", text))
-        elif str(key).endswith("endpoint"):
-            out.append(Reach("uri", f"catalog.{key}", text))
-    return out
+    """The catalog database or service, the warehouse and storage endpoints, as pyiceberg and
+    its drivers will use them; network settings the gateway cannot check are refused."""
+    kind = catalog_type(props)
+    if kind not in CATALOG_TYPES:
+        raise InvalidArgument(
+            f"iceberg catalog type {kind!r} is not supported (use one of {list(CATALOG_TYPES)})"
+        )
+    out: list[Reach] = []
+    uri = props.get("uri")
+    if uri:
+        if kind == "sql":
+            out += sql_url_reaches("catalog.uri", str(uri))
+        elif kind == "hive":
+            out.append(locations.host("catalog.uri", str(uri), 9083))
+        else:
+            out.append(locations.service_uri("catalog.uri", str(uri)))
+    if props.get("warehouse") and kind != "rest":  # a REST warehouse is a name, not a place
+        out += locations.storage("catalog.warehouse", str(props["warehouse"]))
+    rest = {k: v for k, v in props.items() if k not in ("uri", "warehouse")}
+    return out + locations.network_options("catalog", rest, CATALOG_NETWORK)
 
 
-def _netloc(uri: str) -> str:
-    from urllib.parse import urlsplit
+def sql_url_reaches(key: str, url: str) -> list[Reach]:
+    """A SQLAlchemy URL: a SQLite file, or the hosts (query ``host``/``hostaddr`` included) of a
+    server database."""
+    from sqlalchemy.engine import make_url
 
-    parts = urlsplit(uri)
-    host = parts.hostname or ""
-    return f"{host}:{parts.port}" if parts.port else host
+    try:
+        u = make_url(url)
+    except Exception as e:
+        raise InvalidArgument(f"config {key!r} is not a database URL") from e
+    if u.get_backend_name() == "sqlite":
+        db = u.database or ""
+        return [] if db in ("", ":memory:") else [Reach("path", key, locations.local_real(db))]
+    params = {k: str(v) for k, v in u.query.items() if isinstance(v, str)}
+    if u.host:
+        params.setdefault("host", u.host)
+    if u.port:
+        params.setdefault("port", str(u.port))
+    if u.get_backend_name() == "postgresql":
+        from psycopg.conninfo import make_conninfo
+
+        from planners.postgres import dsn_reaches
+
+        return dsn_reaches(make_conninfo(**params), key)
+    if not u.host:
+        raise InvalidArgument(f"config {key!r} names no host")
+    return [Reach("host", key, locations.host_port(u.host, u.port))]
 
 
-def load_table(config: Mapping[str, Any]) -> Any:
-    """The pyiceberg table of a (resolved) source config; catalogs are opened once."""
+def load_table(config: Mapping[str, Any], guard: Guard = ALLOW_ALL) -> Any:
+    """The pyiceberg table of a (resolved) source config; catalogs are opened once. With a
+    gateway's guard every file pyiceberg opens is checked first (``planners.iceberg_io``)."""
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
 
+    from planners import iceberg_io
+
     cfg = IcebergConfig.parse(config, where="iceberg source")
-    key = json.dumps([cfg.catalog_name, cfg.catalog], sort_keys=True, default=str)
+    props = {k: str(v) for k, v in cfg.catalog.items()}
+    if guard.key:
+        locations.register_guard(guard)
+        props |= {"py-io-impl": iceberg_io.IO_IMPL, iceberg_io.GUARD_PROPERTY: guard.key}
+    key = json.dumps([cfg.catalog_name, props], sort_keys=True, default=str)
     with _lock:
         cat = _catalogs.get(key)
         if cat is None:
             try:
-                cat = load_catalog(cfg.catalog_name, **{k: str(v) for k, v in cfg.catalog.items()})
+                cat = load_catalog(cfg.catalog_name, **props)
             except Exception as e:
                 raise Unavailable(f"cannot open Iceberg catalog: {e}") from e
             _catalogs[key] = cat
     try:
-        return cat.load_table(cfg.identifier)
+        table = cat.load_table(cfg.identifier)
     except NoSuchTableError as e:
         raise NotFound(f"Iceberg table {cfg.identifier!r} does not exist") from e
+    if guard.key:
+        _check_table_io(table, guard)
+    return table
+
+
+def _check_table_io(table: Any, guard: Guard) -> None:
+    """A table's own properties join its FileIO's: they may not replace the guarded IO or point
+    storage at endpoints the gateway does not allow."""
+    from planners import iceberg_io
+
+    if not isinstance(table.io, iceberg_io.GuardedFileIO):
+        raise InvalidArgument(
+            "the Iceberg table's properties choose their own file IO; not allowed"
+        )
+    own = {k: v for k, v in table.properties.items() if locations.looks_like_network(k)}
+    guard.check(None, locations.network_options("table property", own, CATALOG_NETWORK))
 
 
 def _snapshot_id(source: str, state: Mapping[str, Any]) -> int | None:
@@ -119,6 +197,11 @@ def _snapshot_id(source: str, state: Mapping[str, Any]) -> int | None:
     if snap is not None and (isinstance(snap, bool) or not isinstance(snap, int)):
         raise InvalidArgument(f"source {source!r}: snapshot_id must be an integer, got {snap!r}")
     return snap
+
+
+def task_files(tasks: Sequence[Any]) -> list[str]:
+    """Data and delete files of pyiceberg ``FileScanTask``s."""
+    return [t.file.file_path for t in tasks] + [d.file_path for t in tasks for d in t.delete_files]
 
 
 def lineage_after(
@@ -178,6 +261,7 @@ class IcebergKind(SourceKind):
                 src.config.get("catalog"),
                 src.config.get("identifier"),
                 snap_id,
+                request.guard.key,  # the scan's file IO checks files with this guard
                 [(c.name, c.aliases) for c in request.columns],
                 repr(request.predicate),
             ],
@@ -189,7 +273,7 @@ class IcebergKind(SourceKind):
             if hit is not None:
                 _plans.move_to_end(key)
                 return hit
-        table = load_table(src.config)
+        table = load_table(src.config, request.guard)
         snapshot = table.snapshot_by_id(snap_id)
         if snapshot is None:
             raise NotFound(
@@ -220,6 +304,7 @@ class IcebergKind(SourceKind):
         if _snapshot_id(request.source.name, request.source.state) is None:
             return []
         _, _, tasks = self._scan(request)
+        request.check_files("data file", task_files(tasks))
         return self._tasks(
             request, [(t.file.file_path, int(t.file.file_size_in_bytes)) for t in tasks]
         )
@@ -237,10 +322,14 @@ class IcebergKind(SourceKind):
             raise NotFound(
                 f"source {request.source.name!r}: ticket names data files not in snapshot"
             )
+        request.check_files("data file", task_files(mine))  # before the stream starts
         batches = ArrowScan(
             scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive
         ).to_record_batches(mine)
         return conform(batches, cols, mapping)
+
+    def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> EngineScan | None:
+        return parquet_engine_scan(self, request, tasks)
 
     def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None:
         if _snapshot_id(request.source.name, request.source.state) is None:
@@ -274,7 +363,7 @@ class IcebergKind(SourceKind):
         since = _snapshot_id(src.name, before) if before else None
         if until is None or until == since:
             return []
-        table = load_table(src.config)
+        table = load_table(src.config, request.guard)
         files: set[str] = set()
         for snap in lineage_after(table, since, until)[0]:
             if not ops.snapshot_is_relocation(snapshot_properties(snap)):
@@ -287,7 +376,7 @@ class IcebergKind(SourceKind):
 
     def append(self, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]:
         src = ctx.source
-        table = load_table(src.config)
+        table = load_table(src.config, ctx.guard)
         # An earlier try of this commit may have appended already: reuse that snapshot.
         for snap in lineage_after(table, _snapshot_id(src.name, src.state))[0]:
             if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == ctx.commit_id:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -79,6 +79,48 @@ DEFAULT_MAX_TASKS = 10_000
 
 
 @dataclass(frozen=True)
+class Reach:
+    """Something a source's config makes the gateway touch, checked against the operator's
+    allow-lists (``reach`` in the gateway config) before any connection is made or file opened.
+
+    ``what`` is ``"path"`` (local path or storage URI: file roots, warehouses, table locations,
+    files named in metadata), ``"host"`` (``host:port`` of a network service: brokers,
+    databases) or ``"uri"`` (a service URI: catalog, token and schema-registry endpoints, Flight
+    locations). ``value`` is in the form the library will use (``planners.locations`` builds
+    it). ``key`` names the config key (or, with a space in it, the kind of file) for error
+    messages; the value itself is never shown (it may come from a secret).
+    """
+
+    what: str
+    key: str
+    value: str
+
+
+@runtime_checkable
+class Guard(Protocol):
+    """Checks locations a kind finds while planning or reading (files named in table metadata)
+    against the operator's allow-lists; raises PERMISSION_DENIED. ``key`` identifies the guard
+    in ``planners.locations.GUARDS`` for libraries that can only carry a string."""
+
+    @property
+    def key(self) -> str: ...
+
+    def check(self, source: str | None, reaches: Sequence[Reach]) -> None: ...
+
+
+class _AllowAll:
+    """The guard outside a gateway (pipelines, tests of a kind alone): no allow-list."""
+
+    key = ""
+
+    def check(self, source: str | None, reaches: Sequence[Reach]) -> None:
+        return None
+
+
+ALLOW_ALL: Guard = _AllowAll()
+
+
+@dataclass(frozen=True)
 class ScanRequest:
     source: SourceRef
     columns: tuple[ColumnSpec, ...]  # columns to produce: projection plus filter columns
@@ -87,6 +129,15 @@ class ScanRequest:
     #: Plan at most this many tasks; a kind that would make more raises INVALID_ARGUMENT before
     #: building them (the gateway's ``limits.max_tasks``).
     max_tasks: int = DEFAULT_MAX_TASKS
+    #: Checks every file the kind opens or hands out that its config did not name (data, delete,
+    #: manifest and log files listed in metadata). The gateway always sets it.
+    guard: Guard = ALLOW_ALL
+
+    def check_files(self, what: str, paths: Iterable[str]) -> None:
+        """PERMISSION_DENIED unless every file is allowed (``what``: "data file", ...)."""
+        from planners import locations
+
+        self.guard.check(self.source.name, locations.files(what, paths))
 
     def check_task_count(self, n: int) -> None:
         if n > self.max_tasks:
@@ -134,22 +185,8 @@ class AppendContext:
     record_intent: Callable[[Mapping[str, Any]], None] = lambda _marker: None
     #: The harness table the append belongs to (names written data apart from other tables').
     table: str = ""
-
-
-@dataclass(frozen=True)
-class Reach:
-    """Something a source's config makes the gateway touch, checked against the operator's
-    allow-lists (``sources`` in the gateway config) before any connection is made.
-
-    ``what`` is ``"path"`` (local path or storage URI: file roots, warehouses, table locations),
-    ``"host"`` (``host:port`` of a network service: brokers, databases) or ``"uri"`` (a service
-    URI: catalog and schema-registry endpoints, Flight locations). ``key`` names the config key
-    for error messages; the value itself is never shown (it may come from a secret).
-    """
-
-    what: str
-    key: str
-    value: str
+    #: Checks files the kind writes where metadata (not the config) chose the place.
+    guard: Guard = ALLOW_ALL
 
 
 # ---------------------------------------------------------------------------- typed configs
@@ -308,10 +345,15 @@ class SourceKind:
         that leave the source's root)."""
 
     def reaches(self, source: SourceRef) -> list[Reach]:
-        """Everything the (resolved) config makes the gateway touch: paths, hosts, URIs. The
+        """Everything the (resolved) config makes the gateway touch: paths, hosts, URIs, in the
+        form the kind's library will use them (build them with ``planners.locations``). The
         gateway refuses the source unless each is allowed (docs/security.md). A kind that
-        reaches nothing outside the gateway returns []."""
-        return []
+        reaches nothing outside the gateway returns []. This default treats config keys that
+        name places or services as such (``planners.locations.default_reaches``) and refuses
+        network-like keys it cannot interpret."""
+        from planners import locations
+
+        return locations.default_reaches(source.config)
 
     def tier(self, source: SourceRef) -> int:
         configured = source.config.get("tier")
@@ -391,6 +433,62 @@ class ReadsDirect(Protocol):
     through the gateway (e.g. data files with delete files the client would have to apply)."""
 
     def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None: ...
+
+
+@dataclass(frozen=True)
+class ParquetScan:
+    """Parquet files an SQL engine scans itself for a source's tasks: exactly the pinned files,
+    mapped to harness columns like a direct task (Parquet field id where ``field_ids`` names
+    one and the file carries it, else the first of the column's names the file has; missing
+    columns are NULL; types cast to the harness type)."""
+
+    files: tuple[str, ...]
+    field_ids: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PostgresScan:
+    """One SELECT an SQL engine runs on the source's PostgreSQL server (DuckDB's postgres
+    extension): ``query`` yields the pinned rows exactly (as-of predicate and all), its output
+    column ``columns[name]`` holding harness column ``name`` (NUMERIC as text, so nothing is
+    rounded on the way). ``dsn`` carries credentials: it never leaves the gateway."""
+
+    dsn: str
+    query: str
+    columns: Mapping[str, str]
+
+
+EngineScan = ParquetScan | PostgresScan
+
+
+@runtime_checkable
+class ScansInEngine(Protocol):
+    """Kinds whose pinned scan an SQL engine (the gateway's Flight SQL DuckDB) can run itself,
+    with its own parallel scan, projection, filter pushdown and row-group pruning, instead of
+    reading the harness stream. ``engine_scan`` receives every task the kind planned for the
+    request and describes all of them, or returns None when it cannot (delete files to apply,
+    a format the engine cannot map exactly): the engine then streams ``read`` as usual. The
+    relation must hold exactly the rows of ``read`` over the tasks before the residual filter
+    (a superset of the filtered rows is fine: the engine applies the statement's filter)."""
+
+    def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> EngineScan | None: ...
+
+
+def parquet_engine_scan(
+    kind: ReadsDirect, request: ScanRequest, tasks: Sequence[ScanTask]
+) -> ParquetScan | None:
+    """The engine scan of a ``ReadsDirect`` kind: the Parquet files of its direct tasks, None
+    when one task cannot be read directly or is not Parquet."""
+    files: list[str] = []
+    ids: dict[str, int] = {}
+    for task in tasks:
+        direct = kind.direct_files(request, task)
+        if direct is None or direct.format != "parquet":
+            return None
+        files.extend(direct.files)
+        ids.update(direct.field_ids)
+    request.check_files("data file", files)
+    return ParquetScan(tuple(files), ids)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
 from flight_gateway.protocol import operations as ops
+from planners import locations
 from planners.common import (
     conform,
     empty_reader,
@@ -44,12 +45,14 @@ from planners.kind import (
     Additive,
     AppendContext,
     DirectFiles,
+    EngineScan,
     Reach,
     ScanRequest,
     ScanTask,
     SourceConfig,
     SourceKind,
     SourceRef,
+    parquet_engine_scan,
 )
 from planners.predicates.ast import And, Between, Cmp, Expr, In, IsNull, StartsWith
 
@@ -141,6 +144,19 @@ def _conjunct(e: Expr, b: Any) -> Any:
     return None
 
 
+#: pypaimon catalog options naming a network endpoint; other network-like keys are refused.
+CATALOG_NETWORK = {"fs.s3.endpoint": "uri", "fs.oss.endpoint": "uri", "s3.endpoint": "uri"}
+
+
+def split_files(splits: Sequence[Any]) -> list[str]:
+    """Every file the splits make pypaimon open: data files (external paths included) and
+    deletion vectors."""
+    out = [f.external_path or f.file_path for s in splits for f in s.files]
+    for s in splits:
+        out += [d.dv_index_path for d in s.data_deletion_files or [] if d is not None]
+    return [p for p in out if p]
+
+
 def _names(split: Any) -> list[str]:
     return [f.file_name for f in split.files]
 
@@ -157,7 +173,10 @@ class PaimonKind(SourceKind):
         _snapshot_id(name, state)
 
     def reaches(self, source: SourceRef) -> list[Reach]:
-        return [Reach("path", "warehouse", self.parse_config(source).warehouse)]
+        config: PaimonConfig = self.parse_config(source)
+        return locations.storage("warehouse", config.warehouse) + locations.network_options(
+            "catalog_options", config.catalog_options, CATALOG_NETWORK
+        )
 
     # ------------------------------------------------------------------ reading
 
@@ -216,6 +235,7 @@ class PaimonKind(SourceKind):
         if _snapshot_id(request.source.name, request.source.state) is None:
             return []
         scan = self._scan(request)
+        request.check_files("data file", split_files(scan.splits))
         return self._tasks(request, scan, scan.splits)
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
@@ -224,12 +244,15 @@ class PaimonKind(SourceKind):
             return empty_reader(cols)
         scan = self._scan(request)
         if "files" in task.payload:
-            return read_files(request, self._paths(request, scan, task))
+            paths = self._paths(request, scan, task)
+            request.check_files("data file", paths)
+            return read_files(request, paths)
         wanted = {n for split in task.payload["splits"] for n in split}
         chosen = [s.filter_file(lambda f: f.file_name in wanted) for s in scan.splits]
         mine = [s for s in chosen if s is not None]
         if sum(len(s.files) for s in mine) != len(wanted):
             raise NotFound(f"source {request.source.name!r}: ticket names files not in snapshot")
+        request.check_files("data file", split_files(mine))
         reader = scan.builder.new_read().to_arrow_batch_reader(mine)
         return conform(reader, cols, scan.mapping)
 
@@ -239,6 +262,9 @@ class PaimonKind(SourceKind):
         if any(n not in raw for n in names):
             raise NotFound(f"source {request.source.name!r}: ticket names files not in snapshot")
         return [raw[n][0] for n in names]
+
+    def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> EngineScan | None:
+        return parquet_engine_scan(self, request, tasks)
 
     def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None:
         if _snapshot_id(request.source.name, request.source.state) is None:

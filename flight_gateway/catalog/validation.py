@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flight_gateway.errors import InvalidArgument
@@ -44,7 +44,7 @@ def check_json(value: Any, what: str) -> None:
 def as_list(value: Any, what: str) -> list[Any]:
     if value is None:
         return []
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         raise InvalidArgument(f"{what} must be a list")
     return list(value)
 

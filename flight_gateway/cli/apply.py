@@ -22,7 +22,8 @@ It then creates missing tables and commits each table's changes as one commit (a
 is its own commit first, so sources with their own schema evolve with it). Re-applying an
 unchanged file commits nothing. Removing a source or a column is refused unless
 ``--allow-destructive``; a changed config, kind or partition of an existing source is always
-refused (remove it and add a new source). Errors name the line and field of the file.
+refused (remove it and add a new source). Errors name the line and field of the file. YAML
+anchors and aliases (``&x`` / ``*x``) are refused, so a small file cannot expand to a huge one.
 """
 
 from __future__ import annotations
@@ -43,7 +44,18 @@ _LINE = "__line__"
 
 
 class _Loader(yaml.SafeLoader):
-    """Records the line of every mapping, so errors can point into the file."""
+    """Records the line of every mapping, so errors can point into the file. Refuses anchors and
+    aliases: a few hundred bytes of nested aliases ("billion laughs") expand to gigabytes."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if getattr(event, "anchor", None) is not None:
+            what = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
+            raise InvalidArgument(
+                f"line {event.start_mark.line + 1}: YAML {what}{event.anchor} is not allowed: "
+                "declaration files may not use anchors or aliases; write the values out"
+            )
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         mapping = super().construct_mapping(node, deep=True)

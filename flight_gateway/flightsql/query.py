@@ -17,17 +17,20 @@ explicitly. The pins travel in the statement handle, so running a handle again (
 sharing the ticket key) reads exactly the same versions.
 
 DuckDB runs with external access disabled: a query cannot read files, attach databases or load
-extensions; it sees only the harness relations registered for it.
+extensions; it sees only the harness relations registered for it. Table functions are refused,
+and so are functions that reveal the gateway's environment (``current_setting``,
+``getvariable``, ``version``, ``duckdb_*``, ``pragma_*``, ``pg_*``, ...: ``denied``), checked on
+sqlglot's parse and again on DuckDB's own parse of the SQL it runs.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
@@ -55,6 +58,68 @@ class TableRef:
     filters: list[str] = field(default_factory=list)
 
 
+#: Functions that reveal the gateway's environment (settings, variables, paths, versions,
+#: catalogs, the connection or the running query) or run SQL given as text.
+DENIED_FUNCTIONS = frozenset(
+    {
+        "current_setting",
+        "getvariable",
+        "getenv",
+        "version",
+        "current_version",
+        "current_query",
+        "current_query_id",
+        "current_connection_id",
+        "current_transaction_id",
+        "txid_current",
+        "current_database",
+        "current_catalog",
+        "current_schema",
+        "current_schemas",
+        "current_role",
+        "current_user",
+        "session_user",
+        "user",
+        "in_search_path",
+        "which_secret",
+        "col_description",
+        "obj_description",
+        "shobj_description",
+        "format_pg_type",
+        "map_to_pg_oid",
+        "query",
+        "query_table",
+        "json_execute_serialized_sql",
+    }
+)
+DENIED_PREFIXES = ("duckdb_", "pragma_", "pg_")
+DENIED_SUFFIXES = ("_privilege",)
+
+
+def denied(function: str) -> bool:
+    name = function.lower()
+    return (
+        name in DENIED_FUNCTIONS
+        or name.startswith(DENIED_PREFIXES)
+        or name.endswith(DENIED_SUFFIXES)
+    )
+
+
+def _refuse(function: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"function {function.lower()}() is not allowed: it reveals the gateway's settings or "
+        "environment"
+    )
+
+
+def check_functions(tree: exp.Query) -> None:
+    """Refuse the ``denied`` functions anywhere in the statement."""
+    for node in tree.find_all(exp.Func):
+        name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+        if denied(name):
+            raise _refuse(name)
+
+
 def harness_name(node: exp.Table) -> str:
     """``events``, ``main.events``, ``harness.main.events`` -> ``events``; ``ns.logs`` (a
     namespaced harness table) stays ``ns.logs``."""
@@ -80,6 +145,7 @@ def parse(sql: str) -> exp.Query:
             f"only queries (SELECT ...) are served here; {tree.key.upper()} is refused: writes go "
             "through DoPut and the harness actions"
         )
+    check_functions(tree)
     return tree
 
 
@@ -207,24 +273,43 @@ def read_request(ref: TableRef, schema_names: Sequence[str], filters: Sequence[s
     )
 
 
-def run(tree: exp.Query, refs: list[TableRef], relations: Sequence[pa.Table]) -> pa.Table:
-    """Run ``tree`` in DuckDB over ``relations`` (one per ref, in order)."""
-    import duckdb
-
+def rewrite(tree: exp.Query, refs: Sequence[TableRef], relation_of: Sequence[int]) -> str:
+    """The statement as DuckDB runs it: reference ``i`` reads view ``__harness_<relation_of[i]>``
+    under its own alias (references of one table at one version share a view)."""
     copy = tree.copy()
-    targets = _rewrite_targets(copy, refs)
-    con = duckdb.connect(config={"enable_external_access": False, "lock_configuration": True})
-    try:
-        for i, rel in enumerate(relations):
-            con.register(f"__harness_{i}", rel)
-        for i, node in targets:
-            node.replace(exp.alias_(exp.to_table(f"__harness_{i}"), refs[i].alias, table=True))
-        try:
-            return con.execute(copy.sql(DIALECT)).to_arrow_table()
-        except duckdb.Error as e:
-            raise InvalidArgument(f"the query failed: {e}") from e
-    finally:
-        con.close()
+    for i, node in _rewrite_targets(copy, refs):
+        view = exp.to_table(f"__harness_{relation_of[i]}")
+        node.replace(exp.alias_(view, refs[i].alias, table=True))
+    return copy.sql(DIALECT)
+
+
+def reads_more_than_once(tree: exp.Query) -> bool:
+    """True when DuckDB may scan one table reference more than once: CTEs (inlined per use,
+    recursive ones per iteration). A stream can be read once only."""
+    return tree.find(exp.CTE) is not None
+
+
+def check_duckdb_functions(con: Any, sql: str) -> None:
+    """The ``denied`` check on DuckDB's own parse of ``sql``: whatever syntax calls a function
+    (``'x'.current_setting()``, ``main.f()``, a quoted name), DuckDB names it here."""
+    parsed = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    if parsed.get("error"):
+        raise InvalidArgument(f"the query failed: {parsed.get('error_message')}")
+    for name in _function_names(parsed):
+        if denied(name):
+            raise _refuse(name)
+
+
+def _function_names(tree: Any) -> Iterator[str]:
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("function_name"), str):
+                yield node["function_name"]
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def _rewrite_targets(tree: exp.Query, refs: Sequence[TableRef]) -> list[tuple[int, exp.Table]]:

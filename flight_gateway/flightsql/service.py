@@ -25,16 +25,19 @@ from google.protobuf.message import DecodeError
 
 from flight_gateway import __version__
 from flight_gateway.errors import InvalidArgument
-from flight_gateway.flightsql import metadata, query
+from flight_gateway.flightsql import engine, metadata, query, relations
 from flight_gateway.flightsql.handles import HandleSealer
 from flight_gateway.flightsql.proto import FlightSql_pb2
 from flight_gateway.server.auth import Principal
+from flight_gateway.server.ingest import read_upload
 from flight_gateway.server.read import ReadService
 
 log = logging.getLogger(__name__)
 pb: Any = FlightSql_pb2  # generated classes, untyped
 
 TYPE_PREFIX = "type.googleapis.com/arrow.flight.protocol.sql."
+#: Bound parameters are one row: more than this decoded is RESOURCE_EXHAUSTED.
+MAX_PARAMETER_BYTES = 1 << 20
 SQL_INFO: dict[int, str | bool | int] = {
     pb.FLIGHT_SQL_SERVER_NAME: "DataHarness Flight gateway",
     pb.FLIGHT_SQL_SERVER_VERSION: __version__,
@@ -69,6 +72,11 @@ def unpack(data: bytes) -> Any | None:
     return message
 
 
+def is_statement(message: Any) -> bool:
+    """True for the ticket of a statement's result (planned and run by DuckDB)."""
+    return isinstance(message, pb.TicketStatementQuery)
+
+
 def pack(message: Any) -> bytes:
     wrapper = any_pb2.Any()
     wrapper.Pack(message, type_url_prefix="type.googleapis.com/")
@@ -82,11 +90,31 @@ class Result:
     app_metadata: bytes = b""
 
 
+@dataclass(frozen=True)
+class Statement:
+    tree: Any
+    refs: list[query.TableRef]
+    relation_of: list[int]  # reference -> relation
+    again: list[bool]  # relation -> may DuckDB scan it more than once
+
+
+def _tables(handle: dict[str, Any]) -> set[str]:
+    return {r.table for r in query.table_refs(query.parse(handle["sql"]))}
+
+
 class FlightSqlService:
-    def __init__(self, reads: ReadService, key: bytes) -> None:
+    def __init__(
+        self,
+        reads: ReadService,
+        key: bytes,
+        ttl_s: float = 3600.0,
+        limits: engine.SqlLimits | None = None,
+    ) -> None:
         self.reads = reads
+        self.limits = limits or engine.SqlLimits()
         self.catalog = reads.catalog
-        self.handles = HandleSealer(key)
+        #: Handles expire like tickets (the gateway's ``ticket_ttl_s``).
+        self.handles = HandleSealer(key, ttl_s)
 
     # ------------------------------------------------------------------ statements
 
@@ -124,45 +152,74 @@ class FlightSqlService:
         query.plan_refs(tree, refs, schemas)
         return tree, refs, snaps
 
-    def _requests(self, refs: list[query.TableRef], snaps: list[Any]) -> list[Any]:
-        out = []
-        for ref, snap in zip(refs, snaps, strict=True):
+    def _relations(
+        self, handle: dict[str, Any], plan: bool
+    ) -> tuple[Statement, list[relations.TableRelation]]:
+        """One relation per table and version the statement reads (planned when ``plan``, else
+        empty relations of the right columns), and which one each reference reads."""
+        tree, refs, snaps = self._prepare_reads(handle)
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, snap in enumerate(snaps):
+            groups.setdefault((snap.table, snap.version), []).append(i)
+        relation_of = [0] * len(refs)
+        rels, again = [], []
+        for n, members in enumerate(groups.values()):
+            snap = snaps[members[0]]
             names = [f.name for f in snap.schema.fields]
-            req = query.read_request(ref, names, ref.filters)
-            try:
-                self.reads.schema_for(req)  # the harness takes these conjuncts?
-            except InvalidArgument:
-                req = query.read_request(ref, names, [])  # DuckDB still applies them all
-            out.append(req)
-        return out
+            wanted = [refs[i].columns for i in members]
+            if any(w is None for w in wanted):
+                cols = names
+            else:
+                used = set().union(*[w for w in wanted if w is not None])
+                cols = [c for c in names if c in used] or names[:1]  # one, so row counts hold
+            flt = relations.combined_filter([refs[i].filters for i in members])
+            if plan:
+                rels.append(relations.plan_table(self.reads, snap, cols, flt))
+            else:
+                rels.append(relations.empty_relation(snap, cols))
+            again.append(len(members) > 1 or query.reads_more_than_once(tree))
+            for i in members:
+                relation_of[i] = n
+        return Statement(tree, refs, relation_of, again), rels
 
     def schema_of(self, handle: dict[str, Any]) -> pa.Schema:
-        """The result schema, from the query over empty relations of the pinned schemas."""
-        tree, refs, snaps = self._prepare_reads(handle)
-        empty = [self.reads.schema_for(r)[1].empty_table() for r in self._requests(refs, snaps)]
-        return query.run(tree, refs, empty).schema
+        """The result schema: the statement over empty relations of the pinned columns (nothing
+        is planned or read)."""
+        stmt, rels = self._relations(handle, plan=False)
+        con = engine.connect(self.limits, None)
+        try:
+            engine.build(con, rels, stmt.again).lock(None)
+            sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
+            query.check_duckdb_functions(con, sql)
+            try:
+                return con.execute(sql).to_arrow_table().schema
+            except Exception as e:
+                raise engine.translate(e, self.limits) from None
+        finally:
+            con.close()
 
-    def execute(self, handle: dict[str, Any], who: Principal) -> tuple[pa.Table, dict[str, Any]]:
-        tree, refs, snaps = self._prepare_reads(handle)
-        relations, report = [], {}
-        for ref, req in zip(refs, self._requests(refs, snaps), strict=True):
-            who.require("read", ref.table)
-            planned = self.reads.plan(req, who.name)
-            parts = [
-                self.reads.open(self.reads.verify(e.ticket, who.name)).read_all()
-                for e in planned.endpoints
-            ]
-            relations.append(pa.concat_tables(parts) if parts else planned.schema.empty_table())
-            report[ref.alias] = {
-                "table": ref.table,
-                "version": planned.snapshot.version,
-                "columns": list(req.columns) if req.columns is not None else None,
-                "filter": req.filter,
-                "endpoints": len(planned.endpoints),
-                "sources": [s.to_json() for s in planned.sources],
-            }
+    def execute(self, handle: dict[str, Any], who: Principal) -> pa.RecordBatchReader:
+        """The statement's result, streamed as DuckDB produces it."""
+        for table in _tables(handle):
+            who.require("read", table)
+        stmt, rels = self._relations(handle, plan=True)
+        spill = engine.spill_directory(self.limits)
+        con = engine.connect(self.limits, spill)
+        running = engine.Running(con, spill, self.limits)
+        try:
+            engine.build(con, rels, stmt.again).lock(spill)
+            sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
+            query.check_duckdb_functions(con, sql)
+        except BaseException as e:
+            running.close()
+            raise engine.translate(e, self.limits) from None
+        names = [r.table for r in rels]
+        report = {
+            (r.table if names.count(r.table) == 1 else f"{r.table}@{r.version}"): r.report()
+            for r in rels
+        }
         log.info("flight sql: %s", json.dumps(report))
-        return query.run(tree, refs, relations), report
+        return running.stream(sql)
 
     # ------------------------------------------------------------------ Flight calls
 
@@ -198,11 +255,10 @@ class FlightSqlService:
             raise InvalidArgument("this statement handle was issued to another principal")
         return handle
 
-    def do_get(self, message: Any, who: Principal) -> pa.Table:
+    def do_get(self, message: Any, who: Principal) -> pa.RecordBatchReader:
         if isinstance(message, pb.TicketStatementQuery):
-            table, _ = self.execute(self._open(message.statement_handle, who), who)
-            return table
-        return self._metadata(message, who)
+            return self.execute(self._open(message.statement_handle, who), who)
+        return self._metadata(message, who).to_reader()
 
     def get_schema(self, message: Any, who: Principal) -> pa.Schema:
         return self._plan(message, who)[0].schema
@@ -268,7 +324,7 @@ class FlightSqlService:
     def do_put(self, message: Any, reader: fl.MetadataRecordBatchReader, who: Principal) -> bytes:
         if isinstance(message, pb.CommandPreparedStatementQuery):
             prepared = self._open(message.prepared_statement_handle, who)
-            params = reader.read_all()
+            params = read_upload(reader, MAX_PARAMETER_BYTES)
             if params.num_rows > 1:
                 raise InvalidArgument("bind one row of parameters per execution")
             row = params.to_pylist()[0] if params.num_rows else {}

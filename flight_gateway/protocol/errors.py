@@ -40,6 +40,8 @@ def to_flight_error(err: E.HarnessError) -> Exception:
         return fl.FlightUnauthorizedError(msg)
     if isinstance(err, E.Unavailable):
         return fl.FlightUnavailableError(msg)
+    if isinstance(err, E.TimedOut):
+        return fl.FlightTimedOutError(msg)
     kind = (
         "lock_expired"
         if isinstance(err, E.LockExpired)
@@ -79,6 +81,8 @@ def from_flight_error(exc: Exception) -> Exception:
         return E.Unauthorized(msg)
     if isinstance(exc, fl.FlightUnavailableError):
         return E.Unavailable(msg)
+    if isinstance(exc, fl.FlightTimedOutError):
+        return E.TimedOut(msg)
     if isinstance(exc, pa.ArrowInvalid):
         return E.InvalidArgument(msg)
     if isinstance(exc, (pa.ArrowKeyError, KeyError)):

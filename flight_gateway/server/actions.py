@@ -132,12 +132,21 @@ def commit(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     except HarnessError as e:
         if isinstance(e, LockExpired):
             metrics.LOCK_EXPIRED.inc()
-        metrics.COMMITS.labels(table, metrics.status_of(e)).inc()
+        metrics.COMMITS.labels(_known_table(gw, table), metrics.status_of(e)).inc()
         raise
     metrics.COMMITS.labels(table, "applied" if res.applied else "repeated").inc()
     if body.get("add_sources") or body.get("remove_sources"):
         gw.source_defs.forget(table)
     return {"version": res.version, "applied": res.applied, "schema_id": res.schema_id}
+
+
+def _known_table(gw: Gateway, table: str) -> str:
+    """The metrics label of a failed commit: its table only if the catalog has it."""
+    try:
+        gw.catalog.current_version(table)
+    except Exception:  # NotFound, or the catalog is down: the commit's own error is reported
+        return metrics.UNKNOWN_TABLE
+    return table
 
 
 def _commit(gw: Gateway, table: str, body: dict[str, Any]) -> Any:

@@ -4,9 +4,10 @@ call (DoGet included), and per-table permissions.
 Permissions are table-name patterns (``fnmatch``) at three levels, each implying the ones below:
 ``admin`` (create/drop tables, add/remove sources, schema changes, properties, retention),
 ``write`` (commit states of existing sources, DoPut, engine writes, locks) and ``read`` (plan,
-DoGet, describe, history). A token or certificate spec grants nothing it does not list.
-Anonymous calls are accepted only with ``allow_anonymous``: fully open when no tokens are
-configured (local development), otherwise limited to the ``anonymous`` grants of the config.
+DoGet, describe, history). A token or certificate spec grants nothing it does not list, and
+needs a ``name`` of its own: its principal, to which tickets, handles, locks and stream slots
+belong. Anonymous calls are accepted only with ``allow_anonymous``: fully open when no tokens
+are configured (local development), otherwise limited to the ``anonymous`` grants of the config.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ class Principal:
     admin: tuple[str, ...] = ()
 
     @classmethod
-    def from_spec(cls, default_name: str, spec: Mapping[str, Any] | None) -> Principal:
+    def from_spec(cls, name: str, spec: Mapping[str, Any] | None, where: str = "") -> Principal:
+        """The principal of a grants spec: its ``name`` (``name`` when the spec has none)."""
         spec = spec or {}
         unknown = sorted(set(spec) - {"name", *LEVELS})
         if unknown:
-            raise ValueError(f"unknown keys {unknown} in the grants of {default_name!r}")
+            raise ValueError(f"unknown keys {unknown} in the grants of {where or repr(name)}")
         return cls(
-            str(spec.get("name", default_name)),
+            str(spec.get("name", name)),
             _patterns(spec, "read"),
             _patterns(spec, "write"),
             _patterns(spec, "admin"),
@@ -65,6 +67,36 @@ class Principal:
 OPEN = Principal("anonymous", ("*",), ("*",), ("*",))
 
 
+def _named(spec: Any, where: str, reserved: str) -> Principal:
+    """A token's or certificate's principal: it must be named (tickets, statement handles,
+    locks and stream slots belong to the name)."""
+    name = spec.get("name") if isinstance(spec, Mapping) else None
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{where} needs a non-empty 'name' (the principal it authenticates)")
+    if name == reserved:
+        raise ValueError(f"{where}: the name {name!r} is the anonymous callers' principal")
+    return Principal.from_spec(name, spec, where)
+
+
+def named_principals(
+    tokens: Mapping[str, Any], certs: Mapping[str, Any], anonymous: str = OPEN.name
+) -> tuple[dict[str, Principal], dict[str, Principal]]:
+    """Principals by token and by certificate subject; every name unique across both and not
+    the anonymous principal's (tokens are secrets: errors name a token by its position)."""
+    by_token = {
+        t: _named(spec, f"token #{i + 1}", anonymous) for i, (t, spec) in enumerate(tokens.items())
+    }
+    by_cert = {s: _named(spec, f"certificate {s!r}", anonymous) for s, spec in certs.items()}
+    names = [p.name for p in [*by_token.values(), *by_cert.values()]]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(
+            f"principal name(s) {dupes} given to more than one token or certificate: each "
+            "needs its own name (tickets, handles, locks and stream slots are per name)"
+        )
+    return by_token, by_cert
+
+
 @dataclass
 class TokenStore:
     tokens: Mapping[str, Principal] = field(default_factory=dict)
@@ -81,10 +113,9 @@ class TokenStore:
         anonymous: Mapping[str, Any] | None = None,
         certs: Mapping[str, Any] | None = None,
     ) -> TokenStore:
-        principals = {t: Principal.from_spec("user", spec) for t, spec in tokens.items()}
-        by_cert = {s: Principal.from_spec(s, spec) for s, spec in (certs or {}).items()}
         # With no credentials configured at all (local development) anonymous is open.
-        anon = Principal.from_spec("anonymous", anonymous) if tokens or by_cert else OPEN
+        anon = Principal.from_spec("anonymous", anonymous) if tokens or certs else OPEN
+        principals, by_cert = named_principals(tokens, certs or {}, anon.name)
         return cls(principals, allow_anonymous, anon, by_cert)
 
     def lookup(self, token: str) -> Principal | None:

@@ -16,25 +16,77 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flight_gateway.errors import InvalidArgument
-from flight_gateway.secrets import DEFAULT_ALLOWED, REF
+from flight_gateway.secrets import DEFAULT_ALLOWED, REF, SecretResolver
+from flight_gateway.server.auth import TokenStore
 from flight_gateway.server.reach import ReachPolicy
 
 log = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    from flight_gateway.flightsql.engine import SqlLimits
+
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on what one call may cost (INVALID_ARGUMENT beyond them, never an OOM)."""
+    """Bounds on what one call may cost: INVALID_ARGUMENT beyond most of them, RESOURCE_EXHAUSTED
+    beyond the upload and concurrency ones (docs/security.md, "Limits" and "DoPut")."""
 
+    #: Decoded Arrow bytes of one DoPut, checked as each batch is decoded.
     max_upload_bytes: int = 1 << 30
     max_tasks: int = 10_000
     max_lock_wait_s: float = 300.0
     max_streams_per_principal: int = 64
+    #: DoPut calls one principal may have in progress at once.
+    max_uploads_per_principal: int = 4
+    #: DoPut calls the whole gateway decodes and holds at once (all principals).
+    max_concurrent_uploads: int = 8
     max_dedupe_rows: int = 20_000_000
     max_since_versions: int = 100_000
+    #: Flight SQL statements the whole gateway runs at once (each also holds one of its
+    #: caller's ``max_streams_per_principal``).
+    max_concurrent_statements: int = 4
+    #: DuckDB memory of one statement; past it DuckDB spills to ``sql_temp_dir``.
+    sql_memory_limit_mb: int = 1024
+    #: Disk one statement may spill to.
+    sql_spill_limit_mb: int = 10 * 1024
+    #: DuckDB threads per statement (0: one per core).
+    sql_threads: int = 0
+    #: A statement running longer is interrupted (DEADLINE_EXCEEDED).
+    sql_timeout_s: float = 300.0
+    #: Where statements spill (a directory per statement, removed when it ends); None: the
+    #: system's temporary directory.
+    sql_temp_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_uploads_per_principal",
+            "max_concurrent_uploads",
+            "max_concurrent_statements",
+            "sql_memory_limit_mb",
+            "sql_spill_limit_mb",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"limits.{name} must be a positive integer, not {value!r}")
+        if not isinstance(self.sql_threads, int) or self.sql_threads < 0:
+            raise ValueError(f"limits.sql_threads must be 0 or more, not {self.sql_threads!r}")
+        if not isinstance(self.sql_timeout_s, int | float) or not self.sql_timeout_s > 0:
+            raise ValueError(f"limits.sql_timeout_s must be positive, not {self.sql_timeout_s!r}")
+
+    def sql(self) -> SqlLimits:
+        """The per-statement limits of Flight SQL (``flight_gateway.flightsql.engine``)."""
+        from flight_gateway.flightsql.engine import SqlLimits
+
+        return SqlLimits(
+            memory_limit_mb=self.sql_memory_limit_mb,
+            threads=self.sql_threads,
+            timeout_s=float(self.sql_timeout_s),
+            spill_limit_mb=self.sql_spill_limit_mb,
+            temp_dir=self.sql_temp_dir,
+        )
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Limits:
@@ -73,7 +125,8 @@ class GatewayConfig:
     port: int = 8815
     #: URIs of the replicas clients may fetch endpoints from (default: this server).
     locations: list[str] = field(default_factory=list)
-    #: bearer token -> {"name", "read": [patterns], "write": [...], "admin": [...]}
+    #: bearer token -> {"name", "read": [patterns], "write": [...], "admin": [...]}; every
+    #: token and certificate needs its own ``name`` (its principal).
     tokens: dict[str, Any] = field(default_factory=dict)
     allow_anonymous: bool = False
     #: What anonymous callers may do when tokens are configured (default: nothing).
@@ -108,8 +161,10 @@ class GatewayConfig:
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        self.token_store  # noqa: B018 - every token and certificate named, names unique
         self.reach_policy  # noqa: B018 - validates the section at start-up
         self.limit_values  # noqa: B018
+        SecretResolver(self.secret_names)  # secrets.allow rules are well formed
 
     @classmethod
     def load(cls, path: str | None, **overrides: Any) -> GatewayConfig:
@@ -122,6 +177,10 @@ class GatewayConfig:
         if not data.get("ticket_key"):
             data["ticket_key"] = os.environ.get("HARNESS_TICKET_KEY", "")
         return cls(**data)
+
+    @property
+    def token_store(self) -> TokenStore:
+        return TokenStore.from_config(self.tokens, self.allow_anonymous, self.anonymous, self.certs)
 
     @property
     def reach_policy(self) -> ReachPolicy:
@@ -138,7 +197,8 @@ class GatewayConfig:
         return Limits.from_json(self.limits)
 
     @property
-    def secret_names(self) -> tuple[str, ...]:
+    def secret_names(self) -> tuple[Any, ...]:
+        """``secrets.allow``: name patterns, or ``{"names", "tables"}`` rules (secrets.py)."""
         return tuple(self.secrets.get("allow", DEFAULT_ALLOWED))
 
     def ticket_key_bytes(self) -> bytes:

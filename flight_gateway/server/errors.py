@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 from sqlalchemy.exc import OperationalError
 
-from flight_gateway.errors import HarnessError, InvalidArgument, Unavailable
+from flight_gateway.errors import HarnessError, InvalidArgument, Unavailable, without_content
 from flight_gateway.protocol import to_flight_error
 from flight_gateway.secrets import scrub
 from flight_gateway.server import metrics
@@ -22,8 +22,13 @@ log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _clean(text: str) -> str:
+    """No secret value and no file content in anything sent to a caller."""
+    return without_content(scrub(text))
+
+
 def _wire(e: HarnessError) -> Exception:
-    return to_flight_error(type(e)(scrub(str(e))))
+    return to_flight_error(type(e)(_clean(str(e))))
 
 
 def _on_the_wire(method: str, e: BaseException) -> BaseException:
@@ -37,7 +42,7 @@ def _on_the_wire(method: str, e: BaseException) -> BaseException:
     if isinstance(e, NotImplementedError | fl.FlightError) or not isinstance(e, Exception):
         return e
     if isinstance(e, pa.ArrowException):
-        return type(e)(scrub(str(e)))
+        return type(e)(_clean(str(e)))
     if isinstance(e, RecursionError):  # deeply nested JSON or filters: the caller's doing
         return _wire(InvalidArgument("request is nested too deeply"))
     log.error("%s failed", method, exc_info=e)
@@ -77,6 +82,8 @@ def stream_errors(
             yield from reader
         except HarnessError as e:
             raise _wire(e) from None
+        except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)
+            raise type(e)(_clean(str(e))) from None
         finally:
             if on_close is not None:
                 on_close()

@@ -6,12 +6,20 @@ that route to no source or to several: INVALID_ARGUMENT). Writable sources are t
 is ``Appendable``. The target sources are locked, each kind appends idempotently by commit id,
 and one harness commit publishes every new state. Repeating a commit id after a lost reply
 returns its version and writes nothing.
+
+What an upload may cost (docs/security.md, "DoPut"): each principal has at most
+``limits.max_uploads_per_principal`` DoPuts in progress and the gateway at most
+``limits.max_concurrent_uploads``; the decoded size is checked as each batch is decoded against
+``limits.max_upload_bytes``; a failed allocation while decoding is RESOURCE_EXHAUSTED. pyarrow's
+Flight server decodes (and decompresses) a whole batch before Python sees it, allocating what the
+batch declares, so one batch is not bounded before allocation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -19,11 +27,11 @@ import pyarrow.compute as pc
 
 from flight_gateway.arrow_types import parse_type
 from flight_gateway.catalog import SourceSnapshot, TableSnapshot
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.errors import InvalidArgument, ResourceExhausted
 from flight_gateway.protocol import operations as ops
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.context import Gateway
-from flight_gateway.server.sources import bind
+from flight_gateway.server.sources import bind, guard
 from planners.kind import Appendable, AppendContext
 from planners.predicates import coerce
 from planners.registry import get_kind
@@ -134,18 +142,41 @@ def authorize(who: Principal, command: Mapping[str, Any]) -> tuple[str, str, str
     return table, commit_id, source
 
 
-def read_upload(reader: Any, max_bytes: int) -> pa.Table:
-    """The uploaded batches, refused as soon as they exceed ``max_bytes``."""
-    batches, total = [], 0
+@contextlib.contextmanager
+def memory_is_exhaustion(what: str) -> Iterator[None]:
+    """A failed allocation (``pa.ArrowMemoryError`` is a ``MemoryError``) is RESOURCE_EXHAUSTED
+    for the caller, never INTERNAL/UNKNOWN: the server keeps serving, nothing is committed."""
+    try:
+        yield
+    except MemoryError as e:
+        log.warning("%s: out of memory: %s", what, e)
+        raise ResourceExhausted(
+            f"{what}: the gateway could not allocate memory for it ({type(e).__name__}); "
+            "send smaller record batches or retry later"
+        ) from None
+
+
+def _decoded(reader: Any) -> Iterator[pa.RecordBatch]:
+    """The uploaded batches as the reader decodes them (metadata-only messages skipped)."""
     for chunk in reader:
-        batch = chunk.data
-        total += batch.nbytes
-        if total > max_bytes:
-            raise InvalidArgument(
-                f"upload is larger than {max_bytes} bytes (limits.max_upload_bytes); "
-                "split it into several DoPut calls"
-            )
-        batches.append(batch)
+        if chunk.data is not None:
+            yield chunk.data
+
+
+def read_upload(reader: Any, max_bytes: int) -> pa.Table:
+    """The uploaded batches, refused (RESOURCE_EXHAUSTED) as soon as their decoded size exceeds
+    ``max_bytes``. Each batch is checked right after pyarrow decoded it, before the next one is
+    read: one batch can still cost its whole decoded size (the module's docstring)."""
+    batches, total = [], 0
+    with memory_is_exhaustion("DoPut upload"):
+        for batch in _decoded(reader):
+            total += batch.nbytes
+            if total > max_bytes:
+                raise ResourceExhausted(
+                    f"upload is larger than {max_bytes} bytes once decoded "
+                    "(limits.max_upload_bytes); split it into several DoPut calls"
+                )
+            batches.append(batch)
     return pa.Table.from_batches(batches, schema=reader.schema)
 
 
@@ -195,7 +226,9 @@ class _Appender:
             kind, ref = bind(self.gw, snap, name)
             assert isinstance(kind, Appendable)
             intent, record = self._intent(snap, name)
-            ctx = AppendContext(ref, self.commit_id, aliases, intent, record, self.table)
+            ctx = AppendContext(
+                ref, self.commit_id, aliases, intent, record, self.table, guard(self.gw, ref.kind)
+            )
             updates.append({"source": name, "state": kind.append(ctx, part)})
         return updates
 

@@ -9,6 +9,10 @@ add to the same counters). What is counted, and where:
 - group-commit groups, commits and the largest group (read from the catalog when scraped);
 - ticket rejections (tampered, expired, another principal's);
 - rows a pinned version needs that its source lost (e.g. Kafka retention; maintenance).
+
+A ``table`` label only ever names a table of the catalog: callers choose the names they send,
+so a request on a table that does not exist is counted under ``UNKNOWN_TABLE`` (one series per
+made-up name would grow the registry without bound).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from prometheus_client.registry import Collector
 log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+#: The ``table`` label of requests on a table the catalog does not have.
+UNKNOWN_TABLE = "(unknown)"
 
 RPCS = Counter(
     "harness_rpc", "Flight calls by method and status", ["method", "status"], registry=REGISTRY

@@ -1,60 +1,55 @@
-"""What source configs may make the gateway touch: the operator's allow-lists.
+"""What sources may make the gateway touch: the operator's allow-lists.
 
-A kind lists what a config reaches (``SourceKind.reaches``: paths, hosts, URIs); the gateway
-refuses the source — when it is committed and again before every read or write — unless each
-entry is allowed by the ``reach`` section of the gateway config::
+A kind lists what a config reaches (``SourceKind.reaches``: paths, hosts, URIs) in the form its
+library will use them (``planners.locations``); while planning and reading it also reports every
+file named in the metadata it reads (data, delete, manifest, log files) through the request's
+guard. The gateway refuses the source — when it is committed, before every read or write and
+before signing a direct task — unless each is allowed by the ``reach`` section of the gateway
+config::
 
     "reach": {"paths": ["/srv/lake", "s3://bucket/lake/"],
               "hosts": ["127.0.0.1:5432", "broker-1:9092"],
               "uris":  ["http://registry:8081/", "grpc://upstream:8815"],
               "kinds": {"postgres": {"hosts": ["pg-shard-1:5432"]}}}
 
-Local paths are compared after resolving symlinks and ``..``; URIs by normalised prefix; hosts
-as ``host:port`` or ``host`` (any port). ``"any": true`` allows everything (local development).
+Allowed entries are normalised the same way as what they are compared with: local paths
+resolved (symlinks, ``..``), URIs decoded with default ports explicit, hosts canonical (numeric
+forms, case). Paths and URIs match by prefix at a ``/`` boundary; a host entry without a port
+allows any port. ``"any": true`` allows everything (local development).
 """
 
 from __future__ import annotations
 
-import os
-import posixpath
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
-from flight_gateway.errors import Unauthorized
+from flight_gateway.errors import InvalidArgument, Unauthorized
+from planners import locations
 from planners.kind import Reach
 
-
-def _local(value: str) -> str | None:
-    """The real local path of a plain path or a ``file:`` URI (None for other URIs)."""
-    if value.startswith("file://"):
-        value = urlsplit(value).path
-    elif "://" in value:
-        return None
-    return os.path.realpath(os.path.abspath(value))
+log = logging.getLogger(__name__)
 
 
-def _uri(value: str) -> str:
-    parts = urlsplit(value)
-    path = posixpath.normpath(parts.path) if parts.path else ""
-    return f"{parts.scheme.lower()}://{parts.netloc.lower()}{'' if path == '.' else path}"
+def _norm_path(entry: str) -> str:
+    readings = locations.storage("reach.paths", entry)
+    return next(r.value for r in readings if r.what == "path")
 
 
-def _under(value: str, allowed: str) -> bool:
-    mine, root = _local(value), _local(allowed)
-    if mine is not None and root is not None:
-        return mine == root or mine.startswith(root.rstrip("/") + "/")
-    if mine is not None or root is not None or ".." in value.split("/"):
-        return False
-    v, a = _uri(value), _uri(allowed).rstrip("/")
-    return v == a or v.startswith(a + "/")
+def _norm_uri(entry: str) -> str:
+    return locations.service_uri("reach.uris", entry).value
 
 
-def _host_ok(value: str, allowed: str) -> bool:
-    host, _, port = value.lower().rpartition(":") if ":" in value else (value.lower(), "", "")
-    a = allowed.lower()
-    return a in (value.lower(), host) if port else a == host
+def _norm_host(entry: str) -> str:
+    return locations.split_host_port(entry, "reach.hosts")
+
+
+def _prefix(value: str, allowed: str) -> bool:
+    if value.startswith("/") != allowed.startswith("/"):
+        return False  # a local path never matches a URI, nor the other way round
+    root = allowed.rstrip("/")
+    return value in (allowed, root) or value.startswith(root + "/")
 
 
 @dataclass(frozen=True)
@@ -71,13 +66,16 @@ class ReachPolicy:
         if unknown:
             raise ValueError(f"unknown keys {unknown}")
         kinds = {k: cls.from_json(v) for k, v in dict(d.get("kinds", {})).items()}
-        return cls(
-            any=bool(d.get("any", False)),
-            paths=tuple(str(p) for p in d.get("paths", ())),
-            hosts=tuple(str(h) for h in d.get("hosts", ())),
-            uris=tuple(str(u) for u in d.get("uris", ())),
-            kinds=kinds,
-        )
+        try:
+            return cls(
+                any=bool(d.get("any", False)),
+                paths=tuple(_norm_path(str(p)) for p in d.get("paths", ())),
+                hosts=tuple(_norm_host(str(h)) for h in d.get("hosts", ())),
+                uris=tuple(_norm_uri(str(u)) for u in d.get("uris", ())),
+                kinds=kinds,
+            )
+        except InvalidArgument as e:
+            raise ValueError(str(e)) from e
 
     def allows(self, kind: str, reach: Reach) -> bool:
         if self.any:
@@ -86,18 +84,48 @@ class ReachPolicy:
         if extra is not None and extra.allows(kind, reach):
             return True
         if reach.what == "path":
-            return any(_under(reach.value, p) for p in self.paths)
+            return any(_prefix(reach.value, p) for p in self.paths)
         if reach.what == "host":
-            return any(_host_ok(reach.value, h) for h in self.hosts)
+            return any(_host_matches(reach.value, h) for h in self.hosts)
         if reach.what == "uri":
-            return any(_under(reach.value, u) for u in self.uris)
+            return any(_prefix(reach.value, u) for u in self.uris)
         return False
 
-    def check(self, source: str, kind: str, reaches: list[Reach]) -> None:
-        """PERMISSION_DENIED naming the config key (never its value, which may be a secret)."""
+    def check(self, source: str, kind: str, reaches: Sequence[Reach]) -> None:
+        """PERMISSION_DENIED naming the config key (never its value, which may be a secret) or
+        the kind of file, never the file's content."""
         for r in reaches:
             if not self.allows(kind, r):
+                log.info("source %r: refused %s %s (%s)", source, r.what, r.value, r.key)
+                where = f"a {r.key}" if " " in r.key else f"config {r.key!r}"
+                prefix = f"source {source!r}: " if source else ""
                 raise Unauthorized(
-                    f"source {source!r}: config {r.key!r} names a {r.what} this gateway does not "
-                    "allow (see the 'reach' section of the gateway config)"
+                    f"{prefix}{where} names a {r.what} this gateway does not allow (see the "
+                    "'reach' section of the gateway config)"
                 )
+
+
+def _host_matches(value: str, allowed: str) -> bool:
+    """``value`` is ``host:port`` (or a bare host, or a socket directory); ``allowed`` is the
+    same, or a bare host allowing any port."""
+    if value == allowed:
+        return True
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        return False
+    return host == allowed
+
+
+@dataclass(frozen=True)
+class PolicyGuard:
+    """A scan request's guard (``planners.locations.Guard``): the policy for one kind."""
+
+    policy: ReachPolicy
+    kind: str
+
+    @property
+    def key(self) -> str:
+        return f"{id(self.policy)}:{self.kind}"
+
+    def check(self, source: str | None, reaches: Sequence[Reach]) -> None:
+        self.policy.check(source or "", self.kind, reaches)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,18 +11,19 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway.catalog import Catalog
-from flight_gateway.errors import InvalidArgument, ResourceExhausted
+from flight_gateway.errors import InvalidArgument
 from flight_gateway.flightsql import service as flightsql
 from flight_gateway.protocol import ACTIONS, ReadRequest, TicketSigner, decode_json
 from flight_gateway.protocol.direct import DirectSigner
 from flight_gateway.secrets import ScrubFilter, SecretResolver
 from flight_gateway.server import ingest, metrics
 from flight_gateway.server.actions import HANDLERS
-from flight_gateway.server.auth import BearerAuthFactory, TokenStore, principal_of
+from flight_gateway.server.auth import BearerAuthFactory, Principal, principal_of
 from flight_gateway.server.config import GatewayConfig
 from flight_gateway.server.context import Gateway
 from flight_gateway.server.errors import flight_errors, stream_errors
 from flight_gateway.server.read import ReadService, arrow_schema
+from flight_gateway.server.slots import Slots
 
 log = logging.getLogger(__name__)
 
@@ -36,27 +36,6 @@ def _install_scrub_filter() -> None:
     for handler in root.handlers:
         if not any(isinstance(f, ScrubFilter) for f in handler.filters):
             handler.addFilter(ScrubFilter())
-
-
-class StreamSlots:
-    """Concurrent DoGet streams per principal, bounded."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._open: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def acquire(self, name: str) -> None:
-        with self._lock:
-            if self._open.get(name, 0) >= self.limit:
-                raise ResourceExhausted(
-                    f"{name!r} has {self.limit} streams open (limits.max_streams_per_principal)"
-                )
-            self._open[name] = self._open.get(name, 0) + 1
-
-    def release(self, name: str) -> None:
-        with self._lock:
-            self._open[name] = max(0, self._open.get(name, 0) - 1)
 
 
 def _tls(config: GatewayConfig) -> tuple[list[fl.CertKeyPair], bytes | None]:
@@ -74,12 +53,9 @@ class HarnessFlightServer(fl.FlightServerBase):
     def __init__(self, catalog: Catalog, config: GatewayConfig) -> None:
         certs, client_ca = _tls(config)
         self.scheme = "grpc+tls" if certs else "grpc"
-        store = TokenStore.from_config(
-            config.tokens, config.allow_anonymous, config.anonymous, config.certs
-        )
         super().__init__(
             f"{self.scheme}://{config.host}:{config.port}",
-            middleware={"auth": BearerAuthFactory(store)},
+            middleware={"auth": BearerAuthFactory(config.token_store)},
             tls_certificates=certs,
             verify_client=client_ca is not None,
             root_certificates=client_ca,
@@ -90,7 +66,12 @@ class HarnessFlightServer(fl.FlightServerBase):
         self.gw = Gateway(
             catalog, SecretResolver(config.secret_names), config.reach_policy, config.limit_values
         )
-        self.slots = StreamSlots(self.gw.limits.max_streams_per_principal)
+        limits = self.gw.limits
+        self.slots = Slots(limits.max_streams_per_principal, "max_streams_per_principal",
+                           what="streams")  # fmt: skip
+        self.uploads = Slots(limits.max_uploads_per_principal, "max_uploads_per_principal",
+                             limits.max_concurrent_uploads, "max_concurrent_uploads",
+                             what="uploads")  # fmt: skip
         # Empty locations mean "this same server" to Flight clients; replicas list each other.
         self.locations = [fl.Location(u) for u in config.locations]
         key = config.ticket_key_bytes()
@@ -99,7 +80,12 @@ class HarnessFlightServer(fl.FlightServerBase):
             TicketSigner(key, config.ticket_ttl_s),
             direct=DirectSigner(key, config.ticket_ttl_s),
         )
-        self.sql = flightsql.FlightSqlService(self.reads, key)
+        self.sql = flightsql.FlightSqlService(self.reads, key, config.ticket_ttl_s, limits.sql())
+        # Gateway-wide bound on running statements (each also holds one of its caller's stream
+        # slots): every statement may use limits.sql_memory_limit_mb and sql_threads.
+        self.statements = Slots(limits.max_concurrent_statements, "max_concurrent_statements",
+                                limits.max_concurrent_statements, "max_concurrent_statements",
+                                what="SQL statements")  # fmt: skip
         metrics.watch_catalog(catalog)
         self._metrics_http = (
             None
@@ -185,7 +171,7 @@ class HarnessFlightServer(fl.FlightServerBase):
         principal = principal_of(context)
         sql = flightsql.unpack(ticket.ticket)
         if sql is not None:
-            return fl.RecordBatchStream(self.sql.do_get(sql, principal))
+            return self._sql_stream(sql, principal)
         payload = self.reads.verify(ticket.ticket, principal.name)
         principal.require("read", payload.table)
         self.slots.acquire(principal.name)
@@ -197,6 +183,27 @@ class HarnessFlightServer(fl.FlightServerBase):
         return fl.RecordBatchStream(
             stream_errors(reader, on_close=lambda: self.slots.release(principal.name))
         )
+
+    def _sql_stream(self, message: Any, principal: Principal) -> fl.FlightDataStream:
+        """A Flight SQL result; a statement holds a stream slot and a statement slot."""
+        if not flightsql.is_statement(message):
+            return fl.RecordBatchStream(self.sql.do_get(message, principal))
+        held: list[Slots] = []
+        try:
+            for slots in (self.slots, self.statements):
+                slots.acquire(principal.name)
+                held.append(slots)
+            reader = self.sql.do_get(message, principal)
+        except BaseException:
+            for slots in held:
+                slots.release(principal.name)
+            raise
+
+        def release() -> None:
+            for slots in held:
+                slots.release(principal.name)
+
+        return fl.RecordBatchStream(stream_errors(reader, on_close=release))
 
     @flight_errors
     def list_flights(
@@ -257,15 +264,19 @@ class HarnessFlightServer(fl.FlightServerBase):
             raise InvalidArgument(
                 'DoPut needs a command descriptor {"table", "commit_id", "source"?}'
             )
+        principal = principal_of(context)
+        # Bounded per principal and gateway-wide; over a limit: RESOURCE_EXHAUSTED at once.
+        uploads = self.uploads
         sql = self._sql(descriptor)
         if sql is not None:
-            meta = self.sql.do_put(sql, reader, principal_of(context))
+            with uploads.hold(principal.name), ingest.memory_is_exhaustion("DoPut"):
+                meta = self.sql.do_put(sql, reader, principal)
             writer.write(pa.py_buffer(meta))
             return
         command = decode_json(descriptor.command, "DoPut descriptor")
-        principal = principal_of(context)
         ingest.authorize(principal, command)  # before a single byte of data is read
-        # Validated and routed whole, before anything is written; bounded in size.
-        data = ingest.read_upload(reader, self.gw.limits.max_upload_bytes)
-        result = ingest.do_put(self.gw, principal, command, data)
+        with uploads.hold(principal.name), ingest.memory_is_exhaustion("DoPut"):
+            # Validated and routed whole, before anything is written; bounded in decoded size.
+            data = ingest.read_upload(reader, self.gw.limits.max_upload_bytes)
+            result = ingest.do_put(self.gw, principal, command, data)
         writer.write(pa.py_buffer(json.dumps(result).encode()))

@@ -12,12 +12,16 @@ from typing import Any
 
 from flight_gateway.catalog import SourceSpec, SourceUpdate, TableSnapshot
 from flight_gateway.server.context import Gateway
-from planners.kind import SourceKind, SourceRef
+from flight_gateway.server.reach import PolicyGuard
+from planners import locations
+from planners.kind import DEFAULT_MAX_TASKS, ColumnSpec, ScanRequest, SourceKind, SourceRef
+from planners.predicates import Expr
 from planners.registry import get_kind
 
 
 def _ref(
     gw: Gateway,
+    table: str,
     kind: SourceKind,
     name: str,
     kind_name: str,
@@ -25,7 +29,7 @@ def _ref(
     partition: Mapping[str, Any],
     state: Mapping[str, Any],
 ) -> SourceRef:
-    resolved = gw.secrets.resolve(config, where=f"source {name!r} config")
+    resolved = gw.secrets.resolve(config, where=f"source {name!r} config", table=table)
     ref = SourceRef(name, kind_name, resolved, partition, state)
     kind.parse_config(ref)
     gw.reach.check(name, kind_name, kind.reaches(ref))
@@ -39,7 +43,8 @@ def bind(
     pinned state, or ``state`` when given), after the operator's policies allowed it."""
     s = snap.source(name)
     kind = get_kind(s.kind)
-    ref = _ref(gw, kind, s.name, s.kind, s.config, s.partition, s.state if state is None else state)
+    pinned = s.state if state is None else state
+    ref = _ref(gw, snap.table, kind, s.name, s.kind, s.config, s.partition, pinned)
     return kind, ref
 
 
@@ -56,8 +61,10 @@ def check_commit(
         kind = get_kind(spec.kind)
         kind.validate_config(spec.name, spec.config)
         kind.validate_state(spec.name, spec.state)
-        gw.secrets.check(spec.config, where=f"source {spec.name!r} config")
-        kind.check(_ref(gw, kind, spec.name, spec.kind, spec.config, spec.partition, spec.state))
+        gw.secrets.check(spec.config, where=f"source {spec.name!r} config", table=table)
+        kind.check(
+            _ref(gw, table, kind, spec.name, spec.kind, spec.config, spec.partition, spec.state)
+        )
     ups = [SourceUpdate.from_json(raw) for raw in updates]
     known = gw.source_defs.get(table, [u.source for u in ups]) if ups else {}
     for up in ups:
@@ -65,4 +72,23 @@ def check_commit(
             s = known[up.source]
             kind = get_kind(s.kind)
             kind.validate_state(up.source, up.state)
-            kind.check(_ref(gw, kind, s.name, s.kind, s.config, s.partition, up.state))
+            kind.check(_ref(gw, table, kind, s.name, s.kind, s.config, s.partition, up.state))
+
+
+def guard(gw: Gateway, kind: str) -> PolicyGuard:
+    """The guard of scan requests on sources of ``kind``: the gateway's policy for it."""
+    g = PolicyGuard(gw.reach, kind)
+    locations.register_guard(g)
+    return g
+
+
+def scan_request(
+    gw: Gateway,
+    ref: SourceRef,
+    specs: tuple[ColumnSpec, ...],
+    predicate: Expr | None,
+    limit: int | None,
+    max_tasks: int = DEFAULT_MAX_TASKS,
+) -> ScanRequest:
+    """A scan request whose files are checked against the gateway's allow-lists."""
+    return ScanRequest(ref, specs, predicate, limit, max_tasks=max_tasks, guard=guard(gw, ref.kind))

@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from flight_gateway.errors import InvalidArgument
+from planners import locations
 from planners.common import conform, physical_names, target_schema
 from planners.kafka import produce
 from planners.kafka.config import META, KafkaConfig, consumer
@@ -103,6 +104,14 @@ def _timestamp_lower_bound(predicate: P.Expr | None) -> int | None:
     return best
 
 
+#: librdkafka settings whose names look like network settings: the token endpoint of OIDC
+#: (it receives the client secret) is checked like any service URI; the rest are not locations.
+CONSUMER_NETWORK = {
+    "sasl.oauthbearer.token.endpoint.url": "uri",
+    "ssl.endpoint.identification.algorithm": "safe",
+}
+
+
 class KafkaKind(SourceKind):
     config_model = KafkaConfig
     dedupe_tier = 2  # the hottest tier: data flows Kafka -> Postgres -> cold formats
@@ -117,13 +126,16 @@ class KafkaKind(SourceKind):
     def reaches(self, source: SourceRef) -> list[Reach]:
         config: KafkaConfig = self.parse_config(source)
         out = [
-            Reach("host", "bootstrap_servers", s.strip())
+            locations.host("bootstrap_servers", s, 9092)
             for s in config.bootstrap_servers.split(",")
             if s.strip()
         ]
         if config.schema_registry_url:
-            out.append(Reach("uri", "schema_registry_url", config.schema_registry_url))
-        return out
+            out += locations.network_options(
+                "config", {"schema_registry_url": config.schema_registry_url},
+                {"schema_registry_url": "uris"},
+            )  # fmt: skip
+        return out + locations.network_options("consumer", config.consumer, CONSUMER_NETWORK)
 
     def _tasks(self, request: ScanRequest, low: int, high: int) -> list[ScanTask]:
         src = request.source

@@ -17,6 +17,7 @@ on the current and the history table. Streaming: the row versions written betwee
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
+from planners import locations
 from planners.common import (
     apply_residual,
     closing,
@@ -36,6 +38,7 @@ from planners.kind import (
     Additive,
     AppendContext,
     Pinned,
+    PostgresScan,
     Reach,
     ScanRequest,
     ScanTask,
@@ -69,7 +72,10 @@ _DSN_REFUSED = ("service", "servicefile")
 
 
 def dsn_reaches(dsn: str, key: str) -> list[Reach]:
-    """The hosts (``host:port``, or socket directories) and local files a libpq DSN reaches."""
+    """What a libpq DSN (key/value or URI form) makes libpq touch: for each host of a multi-host
+    DSN the address it connects to — ``hostaddr`` when given (libpq connects there and uses
+    ``host`` only to verify certificates and find passwords), else ``host`` — and ``host`` too,
+    each with its port; socket directories; and local files read as credentials."""
     from psycopg.conninfo import conninfo_to_dict
 
     try:
@@ -79,13 +85,33 @@ def dsn_reaches(dsn: str, key: str) -> list[Reach]:
     refused = sorted(set(params) & set(_DSN_REFUSED))
     if refused:
         raise InvalidArgument(f"config {key!r}: libpq parameters {refused} are not allowed")
-    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    out: list[Reach] = []
+    for name in ("host", "hostaddr"):
+        out += _libpq_hosts(key, name, params)
+    if not out:  # libpq's defaults: PGHOST/PGHOSTADDR, else the local server
+        env = {k: os.environ[v] for k, v in _ENV.items() if os.environ.get(v)}
+        out = [r for n in ("host", "hostaddr") for r in _libpq_hosts(key, n, {**env, **params})]
+        out = out or [locations.host(key, f"localhost:{params.get('port') or 5432}")]
+    out += [Reach("path", f"{key}.{p}", locations.local_real(str(params[p])))
+            for p in _DSN_PATHS if params.get(p)]  # fmt: skip
+    return out
+
+
+_ENV = {"host": "PGHOST", "hostaddr": "PGHOSTADDR", "port": "PGPORT"}
+
+
+def _libpq_hosts(key: str, name: str, params: Mapping[str, Any]) -> list[Reach]:
+    if not params.get(name):
+        return []
+    hosts = str(params[name]).split(",")
     ports = str(params.get("port") or "5432").split(",")
     out = []
-    for i, host in enumerate(hosts):
-        port = ports[i] if i < len(ports) else ports[-1]
-        out.append(Reach("host", key, host if host.startswith("/") else f"{host}:{port}"))
-    out += [Reach("path", f"{key}.{p}", str(params[p])) for p in _DSN_PATHS if params.get(p)]
+    for i, h in enumerate(hosts):
+        port = (ports[i] if i < len(ports) else ports[-1]).strip() or "5432"
+        if h.startswith("/"):  # a Unix socket directory
+            out.append(Reach("host", f"{key}.{name}", locations.local_real(h)))
+        elif h.strip():
+            out.append(Reach("host", f"{key}.{name}", locations.host_port(h, port)))
     return out
 
 
@@ -122,6 +148,13 @@ def _columns(cur: Any, config: PostgresConfig, source: str) -> dict[str, str]:
     if not available:
         raise NotFound(f"source {source!r}: table {config.schema}.{config.table} does not exist")
     return available
+
+
+def _literal(text: str) -> str:
+    """A PostgreSQL string literal (standard_conforming_strings: only quotes are doubled)."""
+    if "\\" in text or "\0" in text:
+        raise InvalidArgument(f"not a timestamp: {text!r}")
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _output(name: str, data_type: str) -> str:
@@ -191,6 +224,35 @@ class PostgresKind(SourceKind):
         if request.limit is not None and (request.predicate is None or pred is not None):
             sql += f" LIMIT {int(request.limit)}"
         return sql, params
+
+    def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> PostgresScan | None:
+        """The pinned rows as one SELECT with the as-of instant inlined (DuckDB's
+        ``postgres_query`` takes no parameters); the engine applies the statement's filter."""
+        src = request.source
+        as_of = _as_of(src.name, src.state)
+        if not tasks or as_of is None or any(t.payload for t in tasks):
+            return None  # nothing visible, or since-tasks: the harness stream reads them
+        config: PostgresConfig = self.parse_config(src)
+        con = connect_adbc(config)
+        try:
+            types = _columns(con.cursor(), config, src.name)
+        except Exception as e:
+            if isinstance(e, (InvalidArgument, NotFound)):
+                raise
+            raise Unavailable(f"source {src.name!r}: PostgreSQL read failed: {e}") from e
+        finally:
+            con.close()
+        mapping = physical_names(request.columns, types)
+        physical = sorted(set(mapping.values()))
+        inner = ", ".join(quote_ident(c) for c in physical) or "NULL AS _none"
+        outer = ", ".join(_output(c, types[c]) for c in physical) or "NULL AS _none"
+        written = f"sys_period @> {_literal(as_of)}::timestamptz"
+        query = (
+            f"SELECT {outer} FROM (SELECT {inner} FROM {config.qualified()} WHERE {written} "
+            f"UNION ALL SELECT {inner} FROM {config.qualified(config.history)} WHERE {written}) "
+            "AS v"
+        )
+        return PostgresScan(config.dsn, query, mapping)
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
         src = request.source

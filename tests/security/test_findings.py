@@ -356,7 +356,7 @@ def test_uploads_are_bounded(tmp_path: Path) -> None:
     with secure(tmp_path, limits={"max_upload_bytes": 100_000}) as c:
         files_table(c, tmp_path)
         before = c["reader"].describe("t").version
-        with pytest.raises(InvalidArgument, match="max_upload_bytes"):
+        with pytest.raises(ResourceExhausted, match="max_upload_bytes"):
             c["writer"].put("t", pa.table({"id": list(range(50_000)), "v": ["x"] * 50_000}))
         assert c["reader"].describe("t").version == before
 

@@ -113,7 +113,7 @@ def test_mutual_tls_maps_the_certificate_to_a_principal(certs: Path, tmp_path: P
         "tls_cert": str(certs / "server.pem"),
         "tls_key": str(certs / "server.key"),
         "tls_client_ca": str(certs / "ca.pem"),
-        "certs": {"spark-job": {"read": ["t"]}},
+        "certs": {"spark-job": {"name": "spark-job", "read": ["t"]}},
         "tokens": {"admin-token": {"name": "admin", "admin": ["*"]}},
         "allow_anonymous": False,
     }

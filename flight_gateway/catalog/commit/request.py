@@ -84,14 +84,32 @@ def _updates(updates: Any) -> tuple[SourceUpdate, ...]:
     return ups
 
 
-def _key_values(
-    external_state: Mapping[str, Any] | None, properties: Mapping[str, Any] | None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    ext = {str(k): v for k, v in dict(external_state or {}).items()}
-    props = {str(k): v for k, v in dict(properties or {}).items()}
-    to_json(ext, "external_state")
-    to_json(props, "properties")
-    return ext, props
+_JSON_TYPES = {
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    list: "an array",
+}
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """An optional JSON object argument (None: empty); anything else is INVALID_ARGUMENT."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        got = _JSON_TYPES.get(type(value), type(value).__name__)
+        raise InvalidArgument(f"{what} must be a JSON object, got {got}")
+    out = {str(k): v for k, v in value.items()}
+    to_json(out, what)
+    return out
+
+
+def _removes(remove_sources: Any) -> tuple[str, ...]:
+    removes = tuple(as_list(remove_sources, "remove_sources"))
+    if not all(isinstance(r, str) and r for r in removes):
+        raise InvalidArgument("remove_sources must be a list of source names (strings)")
+    return removes
 
 
 def _lock_args(lock_id: Any, fencing_token: Any) -> None:
@@ -122,11 +140,10 @@ def build_request(
         raise InvalidArgument("commit_id must be a non-empty string of at most 256 chars")
     _lock_args(lock_id, fencing_token)
     adds, ups = _adds(add_sources), _updates(updates)
-    removes = tuple(str(r) for r in as_list(remove_sources, "remove_sources"))
-    ext, props = _key_values(external_state, properties)
+    removes = _removes(remove_sources)
+    ext, props = _object(external_state, "external_state"), _object(properties, "properties")
     changes = tuple(as_list(schema_changes, "schema_changes"))
-    info = dict(summary or {})
-    to_json(info, "summary")
+    info = _object(summary, "summary")
     if not (adds or ups or removes or ext or props or changes):
         raise InvalidArgument(f"commit {commit_id!r} on table {table!r} changes nothing")
     names = [a.name for a in adds] + [u.source for u in ups] + list(removes)

@@ -18,10 +18,10 @@ from flight_gateway.errors import InvalidArgument
 from flight_gateway.protocol import ReadRequest, TicketPayload
 from flight_gateway.server.read.model import PlannedRead, SourceReport
 from flight_gateway.server.read.shape import arrow_schema, candidate_sources, column_specs, resolve
-from flight_gateway.server.sources import bind
+from flight_gateway.server.sources import bind, scan_request
 from planners.dedupe import latest_per_key, with_rank
 from planners.execute import execute
-from planners.kind import ScanRequest, ScanTask
+from planners.kind import ScanTask
 from planners.predicates import Expr, columns, conjoin, conjuncts, to_arrow
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def open(svc: ReadService, snap: TableSnapshot, payload: TicketPayload) -> pa.Re
     parts, rows = [], 0
     for name in payload.dedupe_sources or ():
         kind, ref = bind(svc.gw, snap, name)
-        request = ScanRequest(ref, specs, pushable, None)
+        request = scan_request(svc.gw, ref, specs, pushable, None)
         # Tasks come in source order (file list, offsets): rank the source as one stream.
         pieces = []
         for t in kind.plan(request):

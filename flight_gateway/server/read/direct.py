@@ -49,6 +49,7 @@ def direct_token(
     files = kind.direct_files(request, task)
     if files is None:
         return None
+    request.check_files("data file", files.files)  # whatever the kind lists, before signing
     try:
         substrait = _substrait(shape)
     except ValueError as e:

@@ -10,8 +10,7 @@ from flight_gateway.protocol import ReadRequest, TicketPayload
 from flight_gateway.server.read.direct import direct_token
 from flight_gateway.server.read.model import PlannedRead, SourceReport
 from flight_gateway.server.read.shape import arrow_schema, candidate_sources, resolve
-from flight_gateway.server.sources import bind
-from planners.kind import ScanRequest
+from flight_gateway.server.sources import bind, scan_request
 
 if TYPE_CHECKING:
     from flight_gateway.server.read.service import ReadService
@@ -31,7 +30,7 @@ def plan(
             continue
         kind, ref = bind(svc.gw, snap, s.name)
         left = svc.gw.limits.max_tasks - len(out.endpoints)
-        request = ScanRequest(ref, shape.specs, shape.predicate, req.limit, max_tasks=left)
+        request = scan_request(svc.gw, ref, shape.specs, shape.predicate, req.limit, left)
         tasks = kind.plan(request)
         request.check_task_count(len(tasks))
         out.sources.append(SourceReport(s.name, s.kind, pruned=False, tasks=len(tasks)))

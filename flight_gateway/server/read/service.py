@@ -23,9 +23,9 @@ from flight_gateway.server.context import Gateway
 from flight_gateway.server.read import dedupe, plain, since
 from flight_gateway.server.read.model import Endpoint, PlannedRead
 from flight_gateway.server.read.shape import arrow_schema, resolve
-from flight_gateway.server.sources import bind
+from flight_gateway.server.sources import bind, scan_request
 from planners.execute import execute
-from planners.kind import ScanRequest, ScanTask
+from planners.kind import ScanTask
 
 
 class ReadService:
@@ -96,7 +96,7 @@ class ReadService:
             return metrics.counted(dedupe.open(self, snap, payload), payload.table, "dedupe")
         shape = resolve(snap, payload.columns, payload.filter)
         kind, ref = bind(self.gw, snap, str(payload.source))
-        request = ScanRequest(ref, shape.specs, shape.predicate, payload.limit)
+        request = scan_request(self.gw, ref, shape.specs, shape.predicate, payload.limit)
         task = ScanTask(ref.name, payload.task, payload.exact)
         reader = execute(kind, request, task, shape.projection)
         return metrics.counted(reader, payload.table, ref.kind)

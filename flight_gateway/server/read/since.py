@@ -19,7 +19,7 @@ from flight_gateway.protocol import ReadRequest, TicketPayload
 from flight_gateway.protocol.operations import is_relocation
 from flight_gateway.server.read.model import PlannedRead, SourceReport
 from flight_gateway.server.read.shape import ReadShape, arrow_schema, resolve
-from flight_gateway.server.sources import bind
+from flight_gateway.server.sources import bind, scan_request
 from planners.kind import ScanRequest, ScanTask, SourceKind, Streams
 
 if TYPE_CHECKING:
@@ -38,7 +38,9 @@ class _Delta:
     def _request(self, snap: TableSnapshot, name: str) -> tuple[SourceKind, ScanRequest]:
         kind, ref = bind(self.svc.gw, snap, name)
         limit = self.svc.gw.limits.max_tasks
-        return kind, ScanRequest(ref, self.shape.specs, self.shape.predicate, None, max_tasks=limit)
+        return kind, scan_request(
+            self.svc.gw, ref, self.shape.specs, self.shape.predicate, None, limit
+        )
 
     def _plan(self, snap: TableSnapshot, name: str) -> list[ScanTask]:
         kind, request = self._request(snap, name)

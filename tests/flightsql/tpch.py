@@ -1,0 +1,155 @@
+"""The eight TPC-H tables (DuckDB's offline ``dbgen``) spread over harness source kinds, shared
+by the 22-query test and ``benchmarks/bench_tpch.py``.
+
+Where each table lives (several kinds per table where it is big enough to matter):
+
+- lineitem: Parquet files, Iceberg, versioned Postgres and Delta, split by ``l_orderkey``;
+- orders: Parquet files and versioned Postgres; customer: Iceberg; part: Delta;
+- partsupp: Parquet files and Iceberg; supplier: versioned Postgres;
+- nation: DuckLake (read through the harness stream, not scanned by the engine; Q7 and Q8 name
+  it twice); region: Parquet files.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from clients import HarnessClient
+
+TABLES = ("lineitem", "orders", "customer", "part", "partsupp", "supplier", "nation", "region")
+PLACEMENT: dict[str, tuple[str, ...]] = {
+    "lineitem": ("files", "iceberg", "postgres", "delta"),
+    "orders": ("files", "postgres"),
+    "customer": ("iceberg",),
+    "part": ("delta",),
+    "partsupp": ("files", "iceberg"),
+    "supplier": ("postgres",),
+    "nation": ("ducklake",),
+    "region": ("files",),
+}
+KEYS = {
+    "lineitem": "l_orderkey",
+    "orders": "o_orderkey",
+    "partsupp": "ps_partkey",
+}
+
+
+def generate(sf: float) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection holding the TPC-H tables at scale factor ``sf`` (also the oracle)."""
+    import duckdb_extensions
+
+    con = duckdb.connect(config={"autoinstall_known_extensions": "false"})
+    duckdb_extensions.import_extension("tpch", con=con)
+    con.execute(f"CALL dbgen(sf={sf})")
+    return con
+
+
+def queries(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]:
+    return [(int(n), str(q)) for n, q in con.execute("SELECT * FROM tpch_queries()").fetchall()]
+
+
+def _split(data: pa.Table, key: str | None, parts: int) -> list[pa.Table]:
+    if parts == 1 or key is None:
+        return [data]
+    data = data.sort_by(key)
+    size = -(-data.num_rows // parts)
+    return [data.slice(i * size, size) for i in range(parts)]
+
+
+class Loader:
+    """Writes one part of a table into a source of some kind; returns the source spec."""
+
+    def __init__(self, root: Path, dsn: str) -> None:
+        self.root, self.dsn = root, dsn
+        self.prefix = f"tpch_{uuid.uuid4().hex[:6]}"
+        self._iceberg: Any = None
+
+    def files(self, table: str, data: pa.Table) -> dict[str, Any]:
+        root = self.root / "files" / table
+        root.mkdir(parents=True, exist_ok=True)
+        pq.write_table(data, root / "part-0.parquet", row_group_size=64 * 1024)
+        return {"config": {"root": str(root)}, "state": {"files": ["part-0.parquet"]}}
+
+    def iceberg(self, table: str, data: pa.Table) -> dict[str, Any]:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        props = {
+            "type": "sql",
+            "uri": f"sqlite:///{self.root / 'iceberg.db'}",
+            "warehouse": f"file://{self.root / 'warehouse'}",
+        }
+        if self._iceberg is None:
+            (self.root / "warehouse").mkdir(parents=True, exist_ok=True)
+            self._iceberg = SqlCatalog("default", **{k: v for k, v in props.items() if k != "type"})
+            self._iceberg.create_namespace("tpch")
+        ice = self._iceberg.create_table(f"tpch.{table}", schema=data.schema)
+        ice.append(data)
+        return {
+            "config": {"catalog": props, "identifier": f"tpch.{table}"},
+            "state": {"snapshot_id": ice.current_snapshot().snapshot_id},
+        }
+
+    def postgres(self, table: str, data: pa.Table) -> dict[str, Any]:
+        import adbc_driver_postgresql.dbapi as adbc
+        import psycopg
+
+        from planners.postgres.versioning import enable_versioning, server_now
+
+        name = f"{self.prefix}_{table}"
+        with adbc.connect(self.dsn) as con, con.cursor() as cur:
+            cur.adbc_ingest(name, data, mode="create")
+            con.commit()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            enable_versioning(conn, name)
+            conn.execute(f'ANALYZE "{name}"')
+            as_of = server_now(conn)
+        return {"config": {"dsn": self.dsn, "table": name}, "state": {"as_of": as_of}}
+
+    def delta(self, table: str, data: pa.Table) -> dict[str, Any]:
+        from deltalake import DeltaTable, write_deltalake
+
+        uri = str(self.root / "delta" / table)
+        write_deltalake(uri, data)
+        return {"config": {"uri": uri}, "state": {"version": DeltaTable(uri).version()}}
+
+    def ducklake(self, table: str, data: pa.Table) -> dict[str, Any]:
+        from planners.ducklake import connect
+
+        config = {
+            "metadata": f"sqlite:{self.root / 'lake.sqlite'}",
+            "data_path": f"{self.root / 'lake-data'}/",
+        }
+        con = connect(config, read_only=False)
+        try:
+            con.register("rows", data)
+            con.execute(f"CREATE TABLE lake.{table} AS SELECT * FROM rows")
+            snap = con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()
+        finally:
+            con.close()
+        return {"config": {**config, "table": table}, "state": {"snapshot_id": int(snap[0])}}
+
+
+def load(
+    client: HarnessClient, oracle: duckdb.DuckDBPyConnection, root: Path, dsn: str
+) -> dict[str, int]:
+    """Every TPC-H table of ``oracle`` as a harness table; returns rows per table."""
+    loader = Loader(root, dsn)
+    rows = {}
+    for table in TABLES:
+        data = oracle.execute(f"SELECT * FROM {table}").to_arrow_table()
+        rows[table] = data.num_rows
+        client.create_table(table, data.schema)
+        kinds = PLACEMENT[table]
+        sources = []
+        for kind, part in zip(kinds, _split(data, KEYS.get(table), len(kinds)), strict=True):
+            write: Callable[[str, pa.Table], dict[str, Any]] = getattr(loader, kind)
+            sources.append({"name": kind, "kind": kind, **write(table, part)})
+        client.commit(table, add_sources=sources)
+    return rows
