@@ -63,7 +63,9 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def connect(limits: SqlLimits, spill: str | None) -> Any:
+def connect(limits: SqlLimits, dsns: Sequence[str] = ()) -> Any:
+    """A new DuckDB database with the statement limits, each PostgreSQL server of ``dsns``
+    attached read-only as ``__pg_<i>``; nothing of a caller's has run on it yet."""
     import duckdb
 
     config: dict[str, Any] = {
@@ -72,12 +74,39 @@ def connect(limits: SqlLimits, spill: str | None) -> Any:
         "memory_limit": f"{int(limits.memory_limit_mb)}MB",
         "threads": int(limits.threads) or (os.cpu_count() or 1),
     }
-    if spill is not None:
-        config["temp_directory"] = spill
-        config["max_temp_directory_size"] = f"{int(limits.spill_limit_mb)}MB"
     con = duckdb.connect(config=config)
-    con.execute("SET TimeZone = 'UTC'")  # results do not depend on the gateway host's zone
+    try:
+        con.execute("SET TimeZone = 'UTC'")  # results do not depend on the gateway's zone
+        if dsns:
+            _load(con, "postgres")
+        for i, dsn in enumerate(dsns):
+            con.execute(f"ATTACH {_quote(dsn)} AS __pg_{i} (TYPE postgres, READ_ONLY)")
+    except Exception as e:
+        con.close()
+        if isinstance(e, HarnessError):
+            raise
+        raise Unavailable(f"cannot connect to PostgreSQL: {e}") from e
     return con
+
+
+def _load(con: Any, extension: str) -> None:
+    import duckdb_extensions
+
+    try:
+        duckdb_extensions.import_extension(extension, con=con)
+    except Exception as e:  # the matching extension wheel is a dependency
+        raise Unavailable(f"DuckDB extension {extension!r} is not installed: {e}") from e
+
+
+def use_spill(con: Any, spill: str, limits: SqlLimits) -> None:
+    con.execute(f"SET temp_directory = {_quote(spill)}")
+    con.execute(f"SET max_temp_directory_size = '{int(limits.spill_limit_mb)}MB'")
+
+
+def postgres_servers(relations: Sequence[TableRelation]) -> tuple[str, ...]:
+    """The PostgreSQL servers (DSNs) a statement's relations scan, in a stable order."""
+    dsns = {p.scan.dsn for r in relations for p in r.parts if isinstance(p.scan, PostgresScan)}
+    return tuple(sorted(dsns))
 
 
 def duckdb_types(con: Any, schema: pa.Schema) -> list[str]:
@@ -93,10 +122,10 @@ def duckdb_types(con: Any, schema: pa.Schema) -> list[str]:
 class Builder:
     """Creates the ``__harness_<n>`` views of one statement on ``con``."""
 
-    def __init__(self, con: Any) -> None:
+    def __init__(self, con: Any, dsns: Sequence[str]) -> None:
         self.con = con
         self.files: list[str] = []
-        self._attached: dict[str, str] = {}
+        self._attached = {dsn: f"__pg_{i}" for i, dsn in enumerate(dsns)}
         self._streams = 0
 
     def view(self, index: int, rel: TableRelation, materialize: bool) -> None:
@@ -162,17 +191,7 @@ class Builder:
     # ------------------------------------------------------------------ PostgreSQL
 
     def _postgres(self, part: Part, scan: PostgresScan, names: Names, types: list[str]) -> str:
-        alias = self._attached.get(scan.dsn)
-        if alias is None:
-            alias = f"__pg_{len(self._attached)}"
-            self._load("postgres")
-            try:
-                self.con.execute(f"ATTACH {_quote(scan.dsn)} AS {alias} (TYPE postgres, READ_ONLY)")
-            except Exception as e:
-                raise Unavailable(
-                    f"source {part.source!r}: cannot connect to PostgreSQL: {e}"
-                ) from e
-            self._attached[scan.dsn] = alias
+        alias = self._attached[scan.dsn]  # connect() attached every server
         cols = [
             _column(n[0], t, scan.columns.get(n[0]), part.source)
             for n, t in zip(names, types, strict=True)
@@ -180,14 +199,6 @@ class Builder:
         return (
             f"SELECT {', '.join(cols)} FROM postgres_query({_quote(alias)}, {_quote(scan.query)})"
         )
-
-    def _load(self, extension: str) -> None:
-        import duckdb_extensions
-
-        try:
-            duckdb_extensions.import_extension(extension, con=self.con)
-        except Exception as e:  # the matching extension wheel is a dependency
-            raise Unavailable(f"DuckDB extension {extension!r} is not installed: {e}") from e
 
     # ------------------------------------------------------------------ streams
 
@@ -256,7 +267,8 @@ def _column(name: str, duck_type: str, physical: str | None, source: str) -> str
 def build(
     con: Any, relations: Sequence[TableRelation], read_more_than_once: Sequence[bool]
 ) -> Builder:
-    builder = Builder(con)
+    """The statement's views on ``con`` (from ``connect(limits, postgres_servers(relations))``)."""
+    builder = Builder(con, postgres_servers(relations))
     for i, rel in enumerate(relations):
         builder.view(i, rel, read_more_than_once[i])
     return builder
@@ -287,6 +299,13 @@ def translate(e: BaseException, limits: SqlLimits) -> BaseException:
     if isinstance(e, duckdb.Error):
         return InvalidArgument(f"the query failed: {e}")
     return e
+
+
+def source_failure(e: BaseException) -> BaseException:
+    """A failure while creating the statement's relations: a source could not be read."""
+    if isinstance(e, HarnessError):
+        return e
+    return Unavailable(f"a source of the statement could not be read: {e}")
 
 
 class Running:

@@ -1,9 +1,9 @@
-"""Read-only SQL over harness tables: DuckDB runs the query, the harness read path feeds it.
+"""Read-only SQL over harness tables: parsing, checking, pinning and rewriting a statement.
 
-A statement is parsed with sqlglot. Every harness table it references is read through the
-gateway's own planning and reading (the caller's permissions, pruning and pushdown apply) at a
-pinned version, registered in a fresh DuckDB connection, and the query runs over those
-relations. What is pushed into each read:
+A statement is parsed with sqlglot. Every harness table it references is planned once per
+statement at a pinned version (``flight_gateway.flightsql.relations``: the caller's permissions,
+pruning and pushdown apply) and becomes a view DuckDB scans (``engine``); the statement is
+rewritten to name those views. What is pushed into each table's planning:
 
 - the columns the query uses of that table (all of them under ``*``);
 - the top-level ``WHERE`` conjuncts that name only that table's columns, when the query has no
@@ -16,8 +16,8 @@ when the statement is planned), so a join sees a consistent cut even while mover
 explicitly. The pins travel in the statement handle, so running a handle again (on any replica
 sharing the ticket key) reads exactly the same versions.
 
-DuckDB runs with external access disabled: a query cannot read files, attach databases or load
-extensions; it sees only the harness relations registered for it. Table functions are refused,
+DuckDB runs with external access disabled once the views exist: a query cannot read other
+files, attach databases or load extensions; it sees only the harness relations. Table functions are refused,
 and so are functions that reveal the gateway's environment (``current_setting``,
 ``getvariable``, ``version``, ``duckdb_*``, ``pragma_*``, ``pg_*``, ...: ``denied``), checked on
 sqlglot's parse and again on DuckDB's own parse of the SQL it runs.

@@ -69,12 +69,25 @@ class TableRelation:
         }
 
 
-def combined_filter(filters: Sequence[Sequence[str]]) -> str | None:
+def _accepted(snap: TableSnapshot, conjuncts: Sequence[str]) -> list[str]:
+    """The conjuncts the harness filter language takes (the others stay DuckDB's alone)."""
+    out = []
+    for c in conjuncts:
+        try:
+            resolve(snap, None, c)
+        except InvalidArgument:
+            continue
+        out.append(c)
+    return out
+
+
+def combined_filter(snap: TableSnapshot, filters: Sequence[Sequence[str]]) -> str | None:
     """One filter for a table several references share: a row any of them may need passes
     (each reference's own conjuncts still apply in the statement)."""
-    if not filters or any(not f for f in filters):
+    kept = [_accepted(snap, f) for f in filters]
+    if not kept or any(not f for f in kept):
         return None
-    ors = [" AND ".join(f"({c})" for c in conj) for conj in filters]
+    ors = [" AND ".join(f"({c})" for c in conj) for conj in kept]
     unique = list(dict.fromkeys(ors))
     return unique[0] if len(unique) == 1 else " OR ".join(f"({o})" for o in unique)
 

@@ -27,6 +27,7 @@ from flight_gateway import __version__
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.flightsql import engine, metadata, query, relations
 from flight_gateway.flightsql.handles import HandleSealer
+from flight_gateway.flightsql.pool import WarmPool
 from flight_gateway.flightsql.proto import FlightSql_pb2
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.ingest import read_upload
@@ -112,6 +113,7 @@ class FlightSqlService:
     ) -> None:
         self.reads = reads
         self.limits = limits or engine.SqlLimits()
+        self.pool = WarmPool(self.limits)
         self.catalog = reads.catalog
         #: Handles expire like tickets (the gateway's ``ticket_ttl_s``).
         self.handles = HandleSealer(key, ttl_s)
@@ -172,7 +174,7 @@ class FlightSqlService:
             else:
                 used = set().union(*[w for w in wanted if w is not None])
                 cols = [c for c in names if c in used] or names[:1]  # one, so row counts hold
-            flt = relations.combined_filter([refs[i].filters for i in members])
+            flt = relations.combined_filter(snap, [refs[i].filters for i in members])
             if plan:
                 rels.append(relations.plan_table(self.reads, snap, cols, flt))
             else:
@@ -186,7 +188,7 @@ class FlightSqlService:
         """The result schema: the statement over empty relations of the pinned columns (nothing
         is planned or read)."""
         stmt, rels = self._relations(handle, plan=False)
-        con = engine.connect(self.limits, None)
+        con = self.pool.take(())
         try:
             engine.build(con, rels, stmt.again).lock(None)
             sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
@@ -203,11 +205,15 @@ class FlightSqlService:
         for table in _tables(handle):
             who.require("read", table)
         stmt, rels = self._relations(handle, plan=True)
+        con = self.pool.take(engine.postgres_servers(rels))
         spill = engine.spill_directory(self.limits)
-        con = engine.connect(self.limits, spill)
         running = engine.Running(con, spill, self.limits)
         try:
-            engine.build(con, rels, stmt.again).lock(spill)
+            engine.use_spill(con, spill, self.limits)
+            try:
+                engine.build(con, rels, stmt.again).lock(spill)
+            except Exception as e:  # the sources failed, not the caller's SQL
+                raise engine.source_failure(e) from None
             sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
             query.check_duckdb_functions(con, sql)
         except BaseException as e:

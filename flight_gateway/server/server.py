@@ -108,6 +108,7 @@ class HarnessFlightServer(fl.FlightServerBase):
 
     def shutdown(self) -> None:
         super().shutdown()
+        self.sql.pool.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

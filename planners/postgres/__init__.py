@@ -18,6 +18,8 @@ on the current and the history table. Streaming: the row versions written betwee
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +39,7 @@ from planners.common import (
 from planners.kind import (
     Additive,
     AppendContext,
+    ColumnSpec,
     Pinned,
     PostgresScan,
     Reach,
@@ -47,6 +50,7 @@ from planners.kind import (
     SourceRef,
 )
 from planners.predicates import quote_ident, to_sql
+from planners.predicates.sql import postgres_literal
 
 SYSTEM_COLUMNS = ("sys_period",)
 
@@ -150,6 +154,36 @@ def _columns(cur: Any, config: PostgresConfig, source: str) -> dict[str, str]:
     return available
 
 
+class _ColumnCache:
+    """Column types of recently planned tables, so planning a statement needs no connection of
+    its own. An entry lives ``ttl_s`` and is looked up again at once when a requested column
+    has none of its names in it (a column added since)."""
+
+    def __init__(self, ttl_s: float = 30.0) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[tuple[str, str, str], tuple[float, dict[str, str]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, config: PostgresConfig, columns: Sequence[ColumnSpec]) -> dict[str, str] | None:
+        with self._lock:
+            hit = self._entries.get((config.dsn, config.schema, config.table))
+        if hit is None or time.monotonic() - hit[0] > self.ttl_s:
+            return None
+        types = hit[1]
+        if any(not any(n in types for n in c.names) for c in columns if c.name != "_source"):
+            return None
+        return types
+
+    def put(self, config: PostgresConfig, types: dict[str, str]) -> None:
+        with self._lock:
+            if len(self._entries) > 4096:
+                self._entries.clear()
+            self._entries[(config.dsn, config.schema, config.table)] = (time.monotonic(), types)
+
+
+_COLUMNS = _ColumnCache()
+
+
 def _literal(text: str) -> str:
     """A PostgreSQL string literal (standard_conforming_strings: only quotes are doubled)."""
     if "\\" in text or "\0" in text:
@@ -233,15 +267,18 @@ class PostgresKind(SourceKind):
         if not tasks or as_of is None or any(t.payload for t in tasks):
             return None  # nothing visible, or since-tasks: the harness stream reads them
         config: PostgresConfig = self.parse_config(src)
-        con = connect_adbc(config)
-        try:
-            types = _columns(con.cursor(), config, src.name)
-        except Exception as e:
-            if isinstance(e, (InvalidArgument, NotFound)):
-                raise
-            raise Unavailable(f"source {src.name!r}: PostgreSQL read failed: {e}") from e
-        finally:
-            con.close()
+        types = _COLUMNS.get(config, request.columns)
+        if types is None:
+            con = connect_adbc(config)
+            try:
+                types = _columns(con.cursor(), config, src.name)
+            except Exception as e:
+                if isinstance(e, (InvalidArgument, NotFound)):
+                    raise
+                raise Unavailable(f"source {src.name!r}: PostgreSQL read failed: {e}") from e
+            finally:
+                con.close()
+            _COLUMNS.put(config, types)
         mapping = physical_names(request.columns, types)
         physical = sorted(set(mapping.values()))
         inner = ", ".join(quote_ident(c) for c in physical) or "NULL AS _none"
@@ -252,6 +289,13 @@ class PostgresKind(SourceKind):
             f"UNION ALL SELECT {inner} FROM {config.qualified(config.history)} WHERE {written}) "
             "AS v"
         )
+        pred = pushdown(request, mapping)
+        if pred is not None:
+            try:
+                where, _ = to_sql(pred, "$", inline=postgres_literal)
+                query += f" WHERE {where}"
+            except ValueError:
+                pass  # a value with no literal form: the engine filters every row itself
         return PostgresScan(config.dsn, query, mapping)
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:

@@ -6,6 +6,7 @@ becomes SQL text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from planners.predicates.ast import And, Between, Cmp, Const, Expr, In, IsNull, Not, Or, StartsWith
@@ -15,12 +16,21 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def to_sql(expr: Expr, placeholder: str = "?", first_param: int = 1) -> tuple[str, list[Any]]:
+def to_sql(
+    expr: Expr,
+    placeholder: str = "?",
+    first_param: int = 1,
+    inline: Callable[[Any], str] | None = None,
+) -> tuple[str, list[Any]]:
     """Return ``(sql, params)``; ``placeholder`` is ``?`` (DuckDB), ``%s`` (psycopg) or ``$``
-    (numbered ``$n`` from ``first_param``, for libpq/ADBC)."""
+    (numbered ``$n`` from ``first_param``, for libpq/ADBC). With ``inline`` (for SQL that cannot
+    carry parameters, such as DuckDB's ``postgres_query``), each value is written by it as a
+    literal instead and ``params`` stays empty."""
     params: list[Any] = []
 
     def bind(value: Any) -> str:
+        if inline is not None:
+            return inline(value)
         params.append(value)
         if placeholder == "$":
             return f"${first_param + len(params) - 1}"
@@ -58,3 +68,34 @@ def to_sql(expr: Expr, placeholder: str = "?", first_param: int = 1) -> tuple[st
         raise TypeError(f"not a predicate node: {e!r}")
 
     return go(expr), params
+
+
+def postgres_literal(value: Any) -> str:
+    """``value`` as a PostgreSQL literal of its type. Strings use the escape-string form
+    (``E'...'``), whose meaning does not depend on ``standard_conforming_strings``."""
+    import datetime
+    import decimal
+    import math
+
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return f"({int(value)})"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return f"'{value}'::float8"
+        return f"({value!r}::float8)"
+    if isinstance(value, decimal.Decimal):
+        return f"'{value}'::numeric"
+    if isinstance(value, datetime.datetime):
+        cast = "timestamptz" if value.tzinfo is not None else "timestamp"
+        return f"'{value.isoformat()}'::{cast}"
+    if isinstance(value, datetime.date):
+        return f"'{value.isoformat()}'::date"
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError("PostgreSQL text cannot hold NUL")
+        return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+    if isinstance(value, bytes):
+        return f"'\\x{value.hex()}'::bytea"
+    raise ValueError(f"no PostgreSQL literal for {type(value).__name__}")

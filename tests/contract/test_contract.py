@@ -192,3 +192,34 @@ def test_direct_reads_equal_flight_reads(harness: Harness) -> None:
         assert all(harness.client.direct_task(ep) for ep in info.endpoints)
         flight = harness.client.read("t", **read).sort_by("id")
         assert harness.client.read("t", direct=True, **read).sort_by("id").equals(flight)
+
+
+def test_sql_engine_reads_equal_flight_reads(harness: Harness) -> None:
+    """Flight SQL: a kind that ``ScansInEngine`` is scanned by DuckDB itself, the others
+    through the harness stream; either way the rows equal the Flight read, at a pinned version,
+    with a filter, and after columns were added and renamed."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    _table(harness)
+    harness.add("s")
+    v1 = harness.write("s", rows(range(0, 20)))
+    harness.client.evolve_schema("t", [{"op": "add_column", "name": "extra", "type": "int64"}])
+    newer = rows(range(20, 30)).append_column("extra", pa.array(range(10), pa.int64()))
+    harness.write("s", newer)
+    harness.client.evolve_schema(
+        "t", [{"op": "rename_column", "name": "name", "new_name": "label"}]
+    )
+    statements = {
+        f"SELECT id, name, amount FROM t FOR VERSION AS OF {v1}": {"version": v1},
+        "SELECT id, label, amount, extra FROM t": {},
+        f"SELECT id, amount FROM t WHERE {FILTERS[1].replace('name', 'label')}": {
+            "filter": FILTERS[1].replace("name", "label"),
+            "columns": ["id", "amount"],
+        },
+    }
+    with flightsql.connect(harness.client.uri, autocommit=True) as conn, conn.cursor() as cur:
+        for sql, read in statements.items():
+            cur.execute(sql + " ORDER BY id")
+            got = cur.fetch_arrow_table()
+            want = harness.client.read("t", **read).sort_by("id")
+            assert got.to_pylist() == want.select(got.column_names).to_pylist(), sql

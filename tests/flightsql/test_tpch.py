@@ -15,7 +15,7 @@ from typing import Any
 import adbc_driver_flightsql.dbapi as flightsql
 import pytest
 
-from tests.flightsql import tpch
+from benchmarks import tpch_tables as tpch
 from tests.gateway.helpers import client_for, running_gateway
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """The eight TPC-H tables (DuckDB's offline ``dbgen``) spread over harness source kinds, shared
-by the 22-query test and ``benchmarks/bench_tpch.py``.
+by ``benchmarks/bench_tpch_sql.py`` and ``tests/flightsql/test_tpch.py``.
 
 Where each table lives (several kinds per table where it is big enough to matter):
 

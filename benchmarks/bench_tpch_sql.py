@@ -1,0 +1,149 @@
+"""The 22 TPC-H queries through Flight SQL (the ADBC driver, as a SQL tool sends them) over
+tables spread across Parquet files, Iceberg, versioned Postgres, Delta and DuckLake
+(``benchmarks/tpch_tables.py``), against DuckDB running the same query on one Parquet copy of
+the same rows. Every answer is compared to DuckDB's. Goal: total <= 2x DuckDB, Q1 <= 2x.
+
+Also the memory of a streamed ``SELECT *`` over lineitem: the gateway's resident memory while
+a client reads and drops the batches, against the statement memory limit (goal: the rise stays
+below the limit + 100 MB). The gateway runs in this process, so the figure is this process's
+resident memory; the client keeps no batch.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from benchmarks import tpch_tables as tpch
+from benchmarks.services import postgres_database
+from clients import HarnessClient
+from flight_gateway.catalog import Catalog
+from flight_gateway.server import GatewayConfig, HarnessFlightServer
+
+MEMORY_LIMIT_MB = 1024
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 1e6
+
+
+def _parquet_copy(oracle: duckdb.DuckDBPyConnection, root: Path) -> duckdb.DuckDBPyConnection:
+    """DuckDB over one Parquet file per table (views named like the tables): the baseline."""
+    con = duckdb.connect()
+    for t in tpch.TABLES:
+        path = root / f"{t}.parquet"
+        oracle.execute(f"COPY {t} TO '{path}' (FORMAT parquet)")
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{path}')")
+    return con
+
+
+def _best(fn: Any, repeats: int) -> tuple[float, Any]:
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def _adbc(uri: str, sql: str) -> list[tuple]:
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    with flightsql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        return list(cur.fetchall())
+
+
+def _queries(uri: str, baseline: Any, oracle: Any, repeats: int) -> list[dict]:
+    from tests.flightsql.test_tpch import assert_same_rows
+
+    rows, total, total_base = [], 0.0, 0.0
+    for n, sql in tpch.queries(oracle):
+        base_s, expected = _best(lambda sql=sql: baseline.execute(sql).fetchall(), repeats)
+        secs, got = _best(lambda sql=sql: _adbc(uri, sql), repeats)
+        assert_same_rows(got, expected, ordered="order by" in sql.lower())
+        total, total_base = total + secs, total_base + base_s
+        rows.append(
+            {
+                "case": f"q{n} via Flight SQL (ADBC)",
+                "value": secs,
+                "unit": "s",
+                "ratio": base_s / secs,
+                "ratio_vs": f"duckdb on parquet {base_s:.3f}s",
+            }
+        )
+    rows.append(
+        {
+            "case": "22 queries via Flight SQL (ADBC)",
+            "value": total,
+            "unit": "s",
+            "ratio": total_base / total,
+            "ratio_vs": f"duckdb on parquet {total_base:.3f}s",
+        }
+    )
+    return rows
+
+
+def _select_star(uri: str) -> dict:
+    """Stream lineitem to a client that drops each batch; sample resident memory meanwhile."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    before, peak, done = _rss_mb(), [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    rows = 0
+    with flightsql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT * FROM lineitem")
+        for batch in cur.fetch_record_batch():
+            rows += batch.num_rows
+    done.set()
+    sampler.join()
+    return {
+        "case": f"SELECT * FROM lineitem streamed ({rows} rows): RSS rise",
+        "value": peak[0] - before,
+        "unit": "MB",
+        "ratio_vs": f"limit {MEMORY_LIMIT_MB} MB + 100 MB",
+    }
+
+
+def run(quick: bool = False) -> list[dict]:
+    sf, repeats = (0.1, 1) if quick else (1.0, 2)
+    with postgres_database() as dsn:
+        if dsn is None:
+            return [{"case": "skipped: PostgreSQL unreachable", "value": 0, "unit": ""}]
+        with tempfile.TemporaryDirectory() as tmp_s:
+            root = Path(tmp_s)
+            oracle = tpch.generate(sf)
+            baseline = _parquet_copy(oracle, root)
+            catalog = Catalog(f"sqlite:///{root / 'harness.db'}")
+            config = GatewayConfig(
+                port=0,
+                allow_anonymous=True,
+                ticket_key="bench-ticket-key-0123",
+                limits={"sql_memory_limit_mb": MEMORY_LIMIT_MB},
+            )
+            server = HarnessFlightServer(catalog, config)
+            threading.Thread(target=server.serve, daemon=True).start()
+            client = HarnessClient(f"grpc://127.0.0.1:{server.port}")
+            try:
+                tpch.load(client, oracle, root, dsn)
+                out = [{"case": f"TPC-H sf={sf}", "value": sf, "unit": "scale factor"}]
+                out += _queries(client.uri, baseline, oracle, repeats)
+                out.append(_select_star(client.uri))
+                return out
+            finally:
+                client.close()
+                server.shutdown()
+                catalog.close()
