@@ -1,7 +1,9 @@
 """The 22 TPC-H queries through Flight SQL (the ADBC driver, as a SQL tool sends them) over
 tables spread across Parquet files, Iceberg, versioned Postgres, Delta and DuckLake
 (``benchmarks/tpch_tables.py``), against DuckDB running the same query on one Parquet copy of
-the same rows. Every answer is compared to DuckDB's. Goal: total <= 2x DuckDB, Q1 <= 2x.
+the same rows. Every answer is compared to DuckDB's. Goal: total <= 2x DuckDB, Q1 <= 2x. The
+same again with only kinds DuckDB scans as Parquet (files, Iceberg, Delta): the engine's own
+cost, without a database server to read from.
 
 Also the memory of a streamed ``SELECT *`` over lineitem: the gateway's resident memory while
 a client reads and drops the batches, against the statement memory limit (goal: the rise stays
@@ -60,7 +62,7 @@ def _adbc(uri: str, sql: str) -> list[tuple]:
         return list(cur.fetchall())
 
 
-def _queries(uri: str, baseline: Any, oracle: Any, repeats: int) -> list[dict]:
+def _queries(uri: str, baseline: Any, oracle: Any, repeats: int, label: str) -> list[dict]:
     from tests.flightsql.test_tpch import assert_same_rows
 
     rows, total, total_base = [], 0.0, 0.0
@@ -71,7 +73,7 @@ def _queries(uri: str, baseline: Any, oracle: Any, repeats: int) -> list[dict]:
         total, total_base = total + secs, total_base + base_s
         rows.append(
             {
-                "case": f"q{n} via Flight SQL (ADBC)",
+                "case": f"q{n} via Flight SQL (ADBC){label}",
                 "value": secs,
                 "unit": "s",
                 "ratio": base_s / secs,
@@ -80,7 +82,7 @@ def _queries(uri: str, baseline: Any, oracle: Any, repeats: int) -> list[dict]:
         )
     rows.append(
         {
-            "case": "22 queries via Flight SQL (ADBC)",
+            "case": f"22 queries via Flight SQL (ADBC){label}",
             "value": total,
             "unit": "s",
             "ratio": total_base / total,
@@ -118,32 +120,40 @@ def _select_star(uri: str) -> dict:
     }
 
 
+def _gateway(root: Path) -> tuple[HarnessFlightServer, HarnessClient, Catalog]:
+    catalog = Catalog(f"sqlite:///{root / 'harness.db'}")
+    config = GatewayConfig(
+        port=0,
+        allow_anonymous=True,
+        ticket_key="bench-ticket-key-0123",
+        limits={"sql_memory_limit_mb": MEMORY_LIMIT_MB},
+    )
+    server = HarnessFlightServer(catalog, config)
+    threading.Thread(target=server.serve, daemon=True).start()
+    return server, HarnessClient(f"grpc://127.0.0.1:{server.port}"), catalog
+
+
 def run(quick: bool = False) -> list[dict]:
     sf, repeats = (0.1, 1) if quick else (1.0, 2)
     with postgres_database() as dsn:
         if dsn is None:
             return [{"case": "skipped: PostgreSQL unreachable", "value": 0, "unit": ""}]
         with tempfile.TemporaryDirectory() as tmp_s:
-            root = Path(tmp_s)
+            tmp = Path(tmp_s)
             oracle = tpch.generate(sf)
-            baseline = _parquet_copy(oracle, root)
-            catalog = Catalog(f"sqlite:///{root / 'harness.db'}")
-            config = GatewayConfig(
-                port=0,
-                allow_anonymous=True,
-                ticket_key="bench-ticket-key-0123",
-                limits={"sql_memory_limit_mb": MEMORY_LIMIT_MB},
-            )
-            server = HarnessFlightServer(catalog, config)
-            threading.Thread(target=server.serve, daemon=True).start()
-            client = HarnessClient(f"grpc://127.0.0.1:{server.port}")
-            try:
-                tpch.load(client, oracle, root, dsn)
-                out = [{"case": f"TPC-H sf={sf}", "value": sf, "unit": "scale factor"}]
-                out += _queries(client.uri, baseline, oracle, repeats)
-                out.append(_select_star(client.uri))
-                return out
-            finally:
-                client.close()
-                server.shutdown()
-                catalog.close()
+            baseline = _parquet_copy(oracle, tmp)
+            out = [{"case": f"TPC-H sf={sf}", "value": sf, "unit": "scale factor"}]
+            for label, placement in (("", tpch.PLACEMENT), (", cold kinds only", tpch.COLD)):
+                root = tmp / (label.strip(", ").replace(" ", "-") or "mixed")
+                root.mkdir()
+                server, client, catalog = _gateway(root)
+                try:
+                    tpch.load(client, oracle, root, dsn, placement)
+                    out += _queries(client.uri, baseline, oracle, repeats, label)
+                    if not label:
+                        out.append(_select_star(client.uri))
+                finally:
+                    client.close()
+                    server.shutdown()
+                    catalog.close()
+            return out
