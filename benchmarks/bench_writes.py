@@ -30,6 +30,7 @@ from clients import HarnessClient
 from flight_gateway.catalog import Catalog
 from flight_gateway.local_kafka import local_broker
 from flight_gateway.server import GatewayConfig, HarnessFlightServer
+from planners.kafka.produce import produce
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
 
@@ -91,8 +92,7 @@ def _ingest(
     def produce_direct() -> None:
         p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
         for row in data.to_pylist():
-            p.produce(topics["direct"], value=json.dumps(row).encode(), partition=0)
-            p.poll(0)
+            produce(p, topics["direct"], value=json.dumps(row).encode(), partition=0)
         assert p.flush(60) == 0
 
     cases["kafka"] = (

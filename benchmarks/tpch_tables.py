@@ -46,6 +46,12 @@ COLD: dict[str, tuple[str, ...]] = {
     "nation": ("files",),
     "region": ("files",),
 }
+#: Primary keys of the tables placed in Postgres (TPC-H's own).
+PRIMARY_KEYS = {
+    "lineitem": "l_orderkey, l_linenumber",
+    "orders": "o_orderkey",
+    "supplier": "s_suppkey",
+}
 KEYS = {
     "lineitem": "l_orderkey",
     "orders": "o_orderkey",
@@ -119,6 +125,8 @@ class Loader:
             cur.adbc_ingest(name, data, mode="create")
             con.commit()
         with psycopg.connect(self.dsn, autocommit=True) as conn:
+            if table in PRIMARY_KEYS:
+                conn.execute(f'ALTER TABLE "{name}" ADD PRIMARY KEY ({PRIMARY_KEYS[table]})')
             enable_versioning(conn, name)
             conn.execute(f'ANALYZE "{name}"')
             as_of = server_now(conn)

@@ -21,7 +21,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -32,8 +32,10 @@ from flight_gateway.errors import (
     TimedOut,
     Unavailable,
 )
-from flight_gateway.flightsql.relations import Part, TableRelation
 from planners.kind import ParquetScan, PostgresScan
+
+if TYPE_CHECKING:
+    from flight_gateway.flightsql.relations import Part, TableRelation
 
 log = logging.getLogger(__name__)
 #: Each column's names, current first (a file written before a rename has an older one).

@@ -177,11 +177,14 @@ class Decoder:
             )
         from confluent_kafka import Producer
 
+        from planners.kafka.produce import produce
+
         producer = Producer(
             {"bootstrap.servers": self.config.bootstrap_servers, "enable.idempotence": True}
         )
         for m in msgs:
-            producer.produce(
+            produce(
+                producer,
                 str(self.config.dead_letter_topic),
                 value=m.value(),
                 key=f"{m.topic()}/{m.partition()}/{m.offset()}".encode(),

@@ -23,6 +23,18 @@ COMMIT_HEADER = "harness.commit-id"
 ROW_HEADER = "harness.row"
 
 
+def produce(producer: Any, topic: str, **kwargs: Any) -> None:
+    """``producer.produce`` that waits for deliveries when librdkafka's local queue is full
+    (``BufferError``) instead of failing the write, then serves delivery callbacks."""
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            break
+        except BufferError:
+            producer.poll(0.1)  # deliveries free the queue
+    producer.poll(0)
+
+
 def _already_produced(config: KafkaConfig, start: int, commit_id: str) -> tuple[set[int], int]:
     """Rows of ``commit_id`` an earlier try produced, and the last offset seen from ``start``."""
     present: set[int] = set()
@@ -64,14 +76,14 @@ def append(config: KafkaConfig, ctx: AppendContext, rows: pa.Table) -> dict[str,
     for i, row in enumerate(rows.to_pylist()):
         if i in present:
             continue
-        producer.produce(
+        produce(
+            producer,
             config.topic,
             value=json.dumps(row, default=str).encode(),
             partition=config.partition,
             headers=[(COMMIT_HEADER, commit), (ROW_HEADER, str(i).encode())],
             on_delivery=report(i),
         )
-        producer.poll(0)
     if producer.flush(60) != 0 or errors:
         raise Unavailable(
             f"source {ctx.source.name!r}: produce to {config.topic}/{config.partition} failed: "
