@@ -133,6 +133,14 @@ def _postgres(client: HarnessClient, dsn: str, n: int, repeats: int) -> list[dic
     client.add_source(
         "pg", "p", "postgres", config={"dsn": dsn, "table": "bench"}, state={"as_of": as_of}
     )
+    client.create_table("pg1", [{"name": f.name, "type": str(f.type)} for f in SCHEMA])
+    client.add_source(
+        "pg1",
+        "p",
+        "postgres",
+        config={"dsn": dsn, "table": "bench", "tasks": 1},
+        state={"as_of": as_of},
+    )
     sql = (
         'SELECT "amount", "id", "name" FROM bench WHERE sys_period @> {p}::timestamptz '
         'UNION ALL SELECT "amount", "id", "name" FROM bench_history WHERE sys_period @> {p}::timestamptz'
@@ -153,11 +161,16 @@ def _postgres(client: HarnessClient, dsn: str, n: int, repeats: int) -> list[dic
     def gateway() -> None:
         assert client.read("pg").num_rows == n
 
-    t_psy, t_adbc, t_gw = (
+    def gateway_one_task() -> None:
+        assert client.read("pg1").num_rows == n
+
+    t_psy, t_adbc, t_gw, t_one = (
         _best(via_psycopg, repeats),
         _best(via_adbc, repeats),
         _best(gateway, repeats),
+        _best(gateway_one_task, repeats),
     )
+    tasks = len(client.flight_info("pg").endpoints)
     return [
         {
             "case": f"Postgres {n:,} rows, psycopg fetchall -> Arrow",
@@ -181,10 +194,17 @@ def _postgres(client: HarnessClient, dsn: str, n: int, repeats: int) -> list[dic
             "ratio_vs": "psycopg",
         },
         {
-            "case": f"Postgres {n:,} rows, gateway vs ADBC",
+            "case": f"Postgres {n:,} rows, gateway vs ADBC ({tasks} key-range tasks)",
             "value": round(n / t_gw),
             "unit": "rows/s",
             "ratio": round(t_adbc / t_gw, 3),
+            "ratio_vs": "ADBC",
+        },
+        {
+            "case": f"Postgres {n:,} rows, gateway vs ADBC (one task)",
+            "value": round(n / t_one),
+            "unit": "rows/s",
+            "ratio": round(t_adbc / t_one, 3),
             "ratio_vs": "ADBC",
         },
     ]
