@@ -456,6 +456,9 @@ class PostgresScan:
     dsn: str
     query: str
     columns: Mapping[str, str]
+    #: The server's row estimate for the scanned tables, when it has one: the engine copies
+    #: small results in first, so its join planning knows their size.
+    estimated_rows: int | None = None
 
 
 EngineScan = ParquetScan | PostgresScan

@@ -43,6 +43,10 @@ Names = Sequence[tuple[str, ...]]
 
 #: Rows per result batch (a few MB for typical rows: what Flight streams best).
 BATCH_ROWS = 64 * 1024
+#: A Postgres scan estimated below this many rows is copied into DuckDB before the statement
+#: runs: DuckDB knows no row count for ``postgres_query`` and can order joins badly around it
+#: (TPC-H Q5 with supplier in Postgres: 1.9 s -> 1.4 s at SF 0.5).
+SMALL_SCAN_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -198,9 +202,15 @@ class Builder:
             _column(n[0], t, scan.columns.get(n[0]), part.source)
             for n, t in zip(names, types, strict=True)
         ]
-        return (
+        select = (
             f"SELECT {', '.join(cols)} FROM postgres_query({_quote(alias)}, {_quote(scan.query)})"
         )
+        if scan.estimated_rows is None or scan.estimated_rows >= SMALL_SCAN_ROWS:
+            return select
+        name = f"__small_{self._streams}"
+        self._streams += 1
+        self.con.execute(f"CREATE TEMP TABLE {name} AS {select}")
+        return f"SELECT * FROM {name}"
 
     # ------------------------------------------------------------------ streams
 

@@ -164,34 +164,64 @@ def _columns(cur: Any, config: PostgresConfig, source: str) -> dict[str, str]:
     return available
 
 
-class _ColumnCache:
-    """Column types of recently planned tables, so planning a statement needs no connection of
-    its own. An entry lives ``ttl_s`` and is looked up again at once when a requested column
-    has none of its names in it (a column added since)."""
+@dataclass(frozen=True)
+class _Facts:
+    types: dict[str, str]  # column -> data type
+    rows: int | None  # the planner's row estimate of current + history (None: never analysed)
+
+
+class _FactsCache:
+    """Column types and row estimates of recently planned tables, so planning a statement needs
+    no connection of its own. An entry lives ``ttl_s`` and is looked up again at once when a
+    requested column has none of its names in it (a column added since)."""
 
     def __init__(self, ttl_s: float = 30.0) -> None:
         self.ttl_s = ttl_s
-        self._entries: dict[tuple[str, str, str], tuple[float, dict[str, str]]] = {}
+        self._entries: dict[tuple[str, str, str], tuple[float, _Facts]] = {}
         self._lock = threading.Lock()
 
-    def get(self, config: PostgresConfig, columns: Sequence[ColumnSpec]) -> dict[str, str] | None:
+    def get(self, config: PostgresConfig, columns: Sequence[ColumnSpec]) -> _Facts | None:
         with self._lock:
             hit = self._entries.get((config.dsn, config.schema, config.table))
         if hit is None or time.monotonic() - hit[0] > self.ttl_s:
             return None
-        types = hit[1]
+        types = hit[1].types
         if any(not any(n in types for n in c.names) for c in columns if c.name != "_source"):
             return None
-        return types
+        return hit[1]
 
-    def put(self, config: PostgresConfig, types: dict[str, str]) -> None:
+    def put(self, config: PostgresConfig, facts: _Facts) -> None:
         with self._lock:
             if len(self._entries) > 4096:
                 self._entries.clear()
-            self._entries[(config.dsn, config.schema, config.table)] = (time.monotonic(), types)
+            self._entries[(config.dsn, config.schema, config.table)] = (time.monotonic(), facts)
 
 
-_COLUMNS = _ColumnCache()
+def _facts(config: PostgresConfig, source: str) -> _Facts:
+    con = connect_adbc(config)
+    try:
+        cur = con.cursor()
+        types = _columns(cur, config, source)
+        # reltuples is -1 until a table is first analysed: unknown for the current table means
+        # no estimate; a history table nobody analysed yet is usually empty or small.
+        cur.execute(
+            "SELECT (SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)), "
+            "(SELECT greatest(reltuples, relpages * 50) FROM pg_class "
+            "WHERE oid = to_regclass($2))",
+            parameters=(config.qualified(), config.qualified(config.history)),
+        )
+        current, history = cur.fetchone()
+        rows = None if current is None or current < 0 else int(current + max(history or 0, 0))
+        return _Facts(types, rows)
+    except Exception as e:
+        if isinstance(e, (InvalidArgument, NotFound)):
+            raise
+        raise Unavailable(f"source {source!r}: PostgreSQL read failed: {e}") from e
+    finally:
+        con.close()
+
+
+_FACTS = _FactsCache()
 
 
 def _literal(text: str) -> str:
@@ -324,18 +354,11 @@ class PostgresKind(SourceKind):
         if not tasks or as_of is None or any("until" in t.payload for t in tasks):
             return None  # nothing visible, or since-tasks: the harness stream reads them
         config: PostgresConfig = self.parse_config(src)
-        types = _COLUMNS.get(config, request.columns)
-        if types is None:
-            con = connect_adbc(config)
-            try:
-                types = _columns(con.cursor(), config, src.name)
-            except Exception as e:
-                if isinstance(e, (InvalidArgument, NotFound)):
-                    raise
-                raise Unavailable(f"source {src.name!r}: PostgreSQL read failed: {e}") from e
-            finally:
-                con.close()
-            _COLUMNS.put(config, types)
+        facts = _FACTS.get(config, request.columns)
+        if facts is None:
+            facts = _facts(config, src.name)
+            _FACTS.put(config, facts)
+        types = facts.types
         mapping = physical_names(request.columns, types)
         physical = sorted(set(mapping.values()))
         inner = ", ".join(quote_ident(c) for c in physical) or "NULL AS _none"
@@ -353,7 +376,7 @@ class PostgresKind(SourceKind):
                 query += f" WHERE {where}"
             except ValueError:
                 pass  # a value with no literal form: the engine filters every row itself
-        return PostgresScan(config.dsn, query, mapping)
+        return PostgresScan(config.dsn, query, mapping, facts.rows)
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
         src = request.source
