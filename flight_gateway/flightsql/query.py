@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,7 +135,7 @@ def harness_name(node: exp.Table) -> str:
 def parse(sql: str) -> exp.Query:
     try:
         trees = sqlglot.parse(sql, read=DIALECT)
-    except sqlglot.errors.ParseError as e:
+    except sqlglot.errors.SqlglotError as e:  # ParseError, TokenError (unterminated text)
         raise InvalidArgument(f"cannot parse the SQL statement: {e}") from e
     trees = [t for t in trees if t is not None]
     if len(trees) != 1:
@@ -156,12 +157,66 @@ def bind_parameters(tree: exp.Query, params: Sequence[Any]) -> exp.Query:
         raise InvalidArgument(f"the statement has {len(holders)} parameter(s), got {len(params)}")
     tree = tree.copy()
     for holder, value in zip(list(tree.find_all(exp.Placeholder)), params, strict=True):
-        holder.replace(exp.convert(value))
+        if isinstance(value, dict) and set(value) == {"sql"}:  # from ``literal``
+            holder.replace(sqlglot.parse_one(str(value["sql"]), read=DIALECT))
+        else:
+            holder.replace(exp.convert(value))
     return tree
+
+
+def literal(value: Any) -> dict[str, str]:
+    """A bound parameter as the SQL literal of its type (kept in sealed handles as JSON)."""
+    try:
+        return {"sql": exp.convert(value).sql(DIALECT)}
+    except ValueError as e:
+        raise InvalidArgument(f"cannot bind a parameter of type {type(value).__name__}") from e
 
 
 def _cte_names(tree: Any) -> set[str]:
     return {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+
+
+def _with_of(node: Any) -> Any:
+    return node.args.get("with_") or node.args.get("with")  # the key differs by sqlglot version
+
+
+def _visible_ctes(node: exp.Table) -> Iterator[str]:
+    """Names of the CTEs in scope at ``node`` (SQL scoping: a query's CTEs are visible in its
+    body and in later CTEs of the same WITH, a CTE in itself only under RECURSIVE)."""
+    child: Any = node
+    parent: Any = node.parent
+    while parent is not None:
+        with_ = _with_of(parent) if isinstance(parent, exp.Query) else None
+        if with_ is not None:
+            ctes = list(with_.expressions)
+            if child is with_:  # inside the WITH: find which CTE holds the node
+                inside = next(i for i, c in enumerate(ctes) if any(n is node for n in c.walk()))
+                upto = inside + 1 if with_.args.get("recursive") else inside
+                yield from (c.alias_or_name for c in ctes[:upto])
+            else:
+                yield from (c.alias_or_name for c in ctes)
+        child, parent = parent, parent.parent
+
+
+def is_cte_reference(node: exp.Table) -> bool:
+    """True when ``node`` names a CTE visible where it stands (DuckDB compares names without
+    case), False for a harness table."""
+    if node.db or node.catalog:
+        return False
+    name = node.name.lower()
+    return any(c.lower() == name for c in _visible_ctes(node))
+
+
+#: Names DuckDB resolves to its own catalog (settings, databases, attached servers, internal
+#: relations): no CTE may take one, so nothing the rewrite leaves alone can reach them.
+_SYSTEM_NAMES = ("information_schema", "sqlite_master", "sqlite_schema", "sqlite_temp_master")
+
+
+def _check_cte_names(tree: Any) -> None:
+    for name in _cte_names(tree):
+        lowered = name.lower()
+        if denied(lowered) or lowered.startswith(("__", "sqlite_")) or lowered in _SYSTEM_NAMES:
+            raise InvalidArgument(f"{name!r} is reserved: name the CTE differently")
 
 
 def table_refs(tree: exp.Query) -> list[TableRef]:
@@ -172,10 +227,10 @@ def table_refs(tree: exp.Query) -> list[TableRef]:
     for clause in tree.find_all(exp.From, exp.Join):
         if not isinstance(clause.this, exp.Table | exp.Subquery):
             raise InvalidArgument("table functions are not allowed; read harness tables by name")
-    ctes = _cte_names(tree)
+    _check_cte_names(tree)
     refs = []
     for node in tree.find_all(exp.Table):
-        if not node.name or (node.name in ctes and not node.db):
+        if not node.name or is_cte_reference(node):
             continue
         ref = TableRef(node, harness_name(node), node.alias_or_name)
         _pin(ref, node.args.get("version"))
@@ -199,26 +254,56 @@ def _pin(ref: TableRef, version: exp.Expression | None) -> None:
         ref.as_of = parse_timestamp(literal, "FOR TIMESTAMP AS OF")
 
 
+def _actual(name: str, names: set[str]) -> str | None:
+    """The column ``name`` refers to among ``names`` (DuckDB matches names without case)."""
+    if name in names:
+        return name
+    lowered = name.lower()
+    return next((n for n in sorted(names) if n.lower() == lowered), None)
+
+
 def _owner(col: exp.Column, refs: Sequence[TableRef], schemas: Mapping[str, set[str]]) -> list[int]:
     """Indexes of the refs a column may belong to."""
     if col.table:
-        return [i for i, r in enumerate(refs) if r.alias == col.table]
-    return [i for i, r in enumerate(refs) if col.name in schemas[r.alias]]
+        qualifier = col.table.lower()
+        return [i for i, r in enumerate(refs) if r.alias.lower() == qualifier]
+    return [i for i, r in enumerate(refs) if _actual(col.name, schemas[r.alias]) is not None]
 
 
-def _needed_columns(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]) -> None:
+def _reads_whole_rows(
+    tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]
+) -> None:
+    """References whose columns cannot be listed from the SQL read all of them: ``*``,
+    ``COLUMNS(...)``, ``JOIN ... USING``, a table alias used as a value (its whole row)."""
+    everything = tree.find(exp.Columns) is not None or any(
+        j.args.get("using") for j in tree.find_all(exp.Join)
+    )
     for star in tree.find_all(exp.Star):
         if isinstance(star.parent, exp.Count):
             continue
-        qualifier = star.parent.table if isinstance(star.parent, exp.Column) else ""
+        qualifier = star.parent.table.lower() if isinstance(star.parent, exp.Column) else ""
         for r in refs:
-            if not qualifier or r.alias == qualifier:
+            if not qualifier or r.alias.lower() == qualifier:
                 r.columns = None
+    for col in tree.find_all(exp.Column):
+        if col.table or any(_actual(col.name, names) for names in schemas.values()):
+            continue
+        for r in refs:
+            if r.alias.lower() == col.name.lower():
+                r.columns = None
+    if everything:
+        for r in refs:
+            r.columns = None
+
+
+def _needed_columns(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]) -> None:
+    _reads_whole_rows(tree, refs, schemas)
     for col in tree.find_all(exp.Column):
         for i in _owner(col, refs, schemas):
             cols = refs[i].columns
-            if cols is not None and col.name in schemas[refs[i].alias]:
-                cols.add(col.name)
+            actual = _actual(col.name, schemas[refs[i].alias])
+            if cols is not None and actual is not None:
+                cols.add(actual)
 
 
 def _conjuncts(where: Any) -> list[Any]:
@@ -298,6 +383,37 @@ def check_duckdb_functions(con: Any, sql: str) -> None:
     for name in _function_names(parsed):
         if denied(name):
             raise _refuse(name)
+    _check_duckdb_tables(parsed)
+
+
+_INTERNAL = re.compile(r"^__harness_[0-9]+$")
+
+
+def _check_duckdb_tables(parsed: Any) -> None:
+    """Every table DuckDB will look up is one of the statement's views or a CTE, and no CTE
+    takes a reserved name: so no name can reach DuckDB's catalog, settings or attached
+    servers, whatever scoping the first parse got wrong."""
+    ctes: set[str] = set()
+    tables: list[Mapping[str, Any]] = []
+    stack = [parsed]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "BASE_TABLE":
+                tables.append(node)
+            for entry in (node.get("cte_map") or {}).get("map", []):
+                ctes.add(str(entry.get("key", "")).lower())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    for name in ctes:
+        if denied(name) or name.startswith(("__", "sqlite_")) or name in _SYSTEM_NAMES:
+            raise InvalidArgument(f"{name!r} is reserved: name the CTE differently")
+    for t in tables:
+        name = str(t.get("table_name", ""))
+        qualified = t.get("schema_name") or t.get("catalog_name")
+        if qualified or not (_INTERNAL.match(name) or name.lower() in ctes):
+            raise InvalidArgument(f"table {name!r} is not a harness table of this statement")
 
 
 def _function_names(tree: Any) -> Iterator[str]:
@@ -314,8 +430,7 @@ def _function_names(tree: Any) -> Iterator[str]:
 
 def _rewrite_targets(tree: exp.Query, refs: Sequence[TableRef]) -> list[tuple[int, exp.Table]]:
     """The table nodes of a copy of the statement, matched to its refs by position."""
-    ctes = _cte_names(tree)
-    nodes = [n for n in tree.find_all(exp.Table) if n.name and not (n.name in ctes and not n.db)]
+    nodes = [n for n in tree.find_all(exp.Table) if n.name and not is_cte_reference(n)]
     if len(nodes) != len(refs):
         raise InvalidArgument("could not map the statement's tables")
     return list(enumerate(nodes))

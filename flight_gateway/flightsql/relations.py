@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from flight_gateway.server.read import ReadService
 
 log = logging.getLogger(__name__)
+_GLOB = re.compile(r"[*?\[\]{}]")
 
 
 @dataclass
@@ -124,8 +126,8 @@ def _local(scan: EngineScan | None) -> EngineScan | None:
     if not isinstance(scan, ParquetScan):
         return scan
     paths = [local_path(f) for f in scan.files]
-    if any(p is None for p in paths):
-        return None
+    if any(p is None or _GLOB.search(p) for p in paths):
+        return None  # DuckDB would read a name with * ? [ ] { } as a pattern: stream it
     return ParquetScan(tuple(p for p in paths if p), scan.field_ids)
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -189,15 +191,21 @@ class FlightSqlService:
         is planned or read)."""
         stmt, rels = self._relations(handle, plan=False)
         con = self.pool.take(())
+        # Typing binds the statement without running it (LIMIT 0 on the relation keeps the
+        # column names as they are); the timer still bounds it.
+        timer = threading.Timer(self.limits.timeout_s, con.interrupt)
+        timer.daemon = True
+        timer.start()
         try:
             engine.build(con, rels, stmt.again).lock(None)
             sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
             query.check_duckdb_functions(con, sql)
             try:
-                return con.execute(sql).to_arrow_table().schema
+                return con.sql(sql).limit(0).to_arrow_table().schema
             except Exception as e:
                 raise engine.translate(e, self.limits) from None
         finally:
+            timer.cancel()
             con.close()
 
     def execute(self, handle: dict[str, Any], who: Principal) -> pa.RecordBatchReader:
@@ -205,8 +213,12 @@ class FlightSqlService:
         for table in _tables(handle):
             who.require("read", table)
         stmt, rels = self._relations(handle, plan=True)
-        con = self.pool.take(engine.postgres_servers(rels))
         spill = engine.spill_directory(self.limits)
+        try:
+            con = self.pool.take(engine.postgres_servers(rels))
+        except BaseException:
+            shutil.rmtree(spill, ignore_errors=True)
+            raise
         running = engine.Running(con, spill, self.limits)
         try:
             engine.use_spill(con, spill, self.limits)
@@ -334,7 +346,9 @@ class FlightSqlService:
             if params.num_rows > 1:
                 raise InvalidArgument("bind one row of parameters per execution")
             row = params.to_pylist()[0] if params.num_rows else {}
-            prepared["params"] = list(row.values())
+            # As SQL literals of their types: the handle is JSON, and a timestamp, decimal or
+            # bytes value must come back as itself.
+            prepared["params"] = [query.literal(v) for v in row.values()]
             sealed = self.handles.seal(prepared)
             return bytes(
                 pb.DoPutPreparedStatementResult(

@@ -97,5 +97,5 @@ def postgres_literal(value: Any) -> str:
             raise ValueError("PostgreSQL text cannot hold NUL")
         return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
     if isinstance(value, bytes):
-        return f"'\\x{value.hex()}'::bytea"
+        return f"E'\\\\x{value.hex()}'::bytea"
     raise ValueError(f"no PostgreSQL literal for {type(value).__name__}")

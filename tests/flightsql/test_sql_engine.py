@@ -15,6 +15,7 @@ import duckdb
 import psycopg
 import pyarrow as pa
 import pyarrow.flight as fl
+import pyarrow.parquet as pq
 import pytest
 
 from clients import HarnessClient
@@ -247,6 +248,16 @@ def test_postgres_credentials_never_reach_the_caller(
         "SELECT (SELECT count(*) FROM read_text('/etc/passwd')) FROM numbers",
         "CREATE VIEW v AS SELECT * FROM read_text('/etc/passwd')",
         "SELECT * FROM numbers, LATERAL (SELECT * FROM glob('/etc/*'))",
+        # A CTE name in one scope must not hide a catalog name in another (review finding).
+        "SELECT d.path FROM (WITH duckdb_databases AS (SELECT 1 AS x) SELECT x FROM "
+        "duckdb_databases) q, duckdb_databases d, numbers",
+        "SELECT p.* FROM (WITH pragma_database_list AS (SELECT 1 AS x) SELECT x FROM "
+        "pragma_database_list) q, pragma_database_list p, numbers",
+        "SELECT s.value FROM (WITH pg_settings AS (SELECT 1 AS x) SELECT x FROM pg_settings) q, "
+        "pg_settings s, numbers",
+        "WITH x AS (SELECT * FROM duckdb_tables) SELECT * FROM x, numbers",
+        "WITH __harness_0 AS (SELECT 1 AS i) SELECT * FROM __harness_0, numbers",
+        "SELECT count(*) FROM numbers WHERE s = 'a\\'' OR s = 'b''c'",
     ],
 )
 def test_the_sandbox_holds(bounded, sql: str) -> None:
@@ -265,3 +276,59 @@ def test_bound_parameters_stay_values(bounded) -> None:
         evil = "x'; ATTACH 'y.db' AS y; --"
         cur.execute("SELECT count(*) FROM numbers WHERE s = ?", parameters=(evil,))
         assert cur.fetchall() == [(0,)]
+
+
+def test_getting_the_schema_never_runs_the_statement(bounded) -> None:
+    """GetFlightInfo types the result without running it (it used to run the whole query
+    without a time limit); DoGet then stops at the statement timeout."""
+    _, client = bounded
+    heavy = (
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 300000000) "
+        "SELECT (SELECT count(*) FROM r) AS c, count(*) AS k FROM numbers"
+    )
+    raw = fl.FlightClient(client.uri)
+    command = pack(pb.CommandStatementQuery(query=heavy))
+    info = raw.get_flight_info(fl.FlightDescriptor.for_command(command))
+    assert info.schema.names == ["c", "k"]
+    with pytest.raises(fl.FlightTimedOutError):
+        raw.do_get(info.endpoints[0].ticket).read_all()
+
+
+def test_file_names_with_pattern_characters_read_only_the_pinned_file(
+    client: HarnessClient, tmp_path: Path
+) -> None:
+    pq.write_table(pa.table({"v": ["pinned"]}), tmp_path / "part[1].parquet")
+    pq.write_table(pa.table({"v": ["not pinned"]}), tmp_path / "part1.parquet")
+    client.create_table("g", [{"name": "v", "type": "string"}])
+    client.add_source(
+        "g", "f", "files", config={"root": str(tmp_path)}, state={"files": ["part[1].parquet"]}
+    )
+    assert _statement(client.uri, "SELECT v FROM g").read_all().to_pylist() == [{"v": "pinned"}]
+
+
+def test_column_names_match_as_duckdb_matches_them(bounded) -> None:
+    _, client = bounded
+    with flightsql.connect(client.uri, autocommit=True) as conn, conn.cursor() as cur:
+        for sql, expected in (
+            ("SELECT max(I) FROM numbers", [(299_999,)]),
+            ("SELECT max(N.i) FROM numbers n", [(299_999,)]),
+            ("SELECT count(*) FROM numbers a JOIN numbers b USING (i) WHERE a.i < 10", [(10,)]),
+            ("SELECT max(COLUMNS('i')) FROM numbers", [(299_999,)]),
+            ("SELECT count(n) FROM numbers n WHERE n.i < 5", [(5,)]),
+        ):
+            cur.execute(sql)
+            assert cur.fetchall() == expected, sql
+
+
+def test_parameters_keep_their_types(bounded) -> None:
+    import datetime
+
+    _, client = bounded
+    when = datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+    with flightsql.connect(client.uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT ? AS t, ? AS d, count(*) AS n FROM numbers WHERE i < ?",
+            parameters=(when, Decimal("1.25"), 3),
+        )
+        row = cur.fetch_arrow_table().to_pylist()[0]
+    assert row["t"] == when and row["d"] == Decimal("1.25") and row["n"] == 3
