@@ -31,6 +31,20 @@ class WarmPool:
         self._making: set[tuple[str, ...]] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._stop = threading.Event()
+        threading.Thread(target=self._sweep, daemon=True, name="duckdb-spares").start()
+
+    def _sweep(self) -> None:
+        """Drop spares nobody took within ``idle_s`` (they hold server connections)."""
+        while not self._stop.wait(self.idle_s / 2):
+            now, stale = time.monotonic(), []
+            with self._lock:
+                for key, (made, con) in list(self._spares.items()):
+                    if now - made > self.idle_s:
+                        stale.append(con)
+                        del self._spares[key]
+            for con in stale:
+                _close(con)
 
     def take(self, dsns: Sequence[str]) -> Any:
         """A database with ``dsns`` attached as ``__pg_<i>`` (a spare, else made now)."""
@@ -76,6 +90,7 @@ class WarmPool:
             _close(old)
 
     def close(self) -> None:
+        self._stop.set()
         with self._lock:
             self._closed = True
             spares = [c for _, c in self._spares.values()]
