@@ -19,6 +19,8 @@ from planners.kafka.config import KafkaConfig
 from planners.kafka.consume import scan_tail
 from planners.kind import AppendContext
 
+#: One encoder for every message (``json.dumps`` with ``default`` builds one per call).
+_ENCODER = json.JSONEncoder(default=str)
 COMMIT_HEADER = "harness.commit-id"
 ROW_HEADER = "harness.row"
 
@@ -57,39 +59,47 @@ def append(config: KafkaConfig, ctx: AppendContext, rows: pa.Table) -> dict[str,
     if not retry:
         ctx.record_intent({"start": start})
     present, last = _already_produced(config, start, ctx.commit_id) if retry else (set(), start - 1)
-    offsets: dict[int, int] = {}
+    highest = [last]
     errors: list[str] = []
 
-    def report(i: int) -> Any:
-        def cb(err: Any, msg: Any) -> None:
-            if err is not None:
-                errors.append(str(err))
-            else:
-                offsets[i] = msg.offset()
-
-        return cb
+    def delivered(err: Any, msg: Any) -> None:  # one callback for every message
+        if err is not None:
+            errors.append(str(err))
+        elif msg.offset() > highest[0]:
+            highest[0] = msg.offset()
 
     producer = Producer(
         {"bootstrap.servers": config.bootstrap_servers, "enable.idempotence": True, "linger.ms": 5}
     )
-    commit = ctx.commit_id.encode()
+    commit: tuple[str, str | bytes | None] = (COMMIT_HEADER, ctx.commit_id.encode())
+    encode = _ENCODER.encode
+    topic, partition = config.topic, config.partition
     for i, row in enumerate(rows.to_pylist()):
         if i in present:
             continue
-        produce(
-            producer,
-            config.topic,
-            value=json.dumps(row, default=str).encode(),
-            partition=config.partition,
-            headers=[(COMMIT_HEADER, commit), (ROW_HEADER, str(i).encode())],
-            on_delivery=report(i),
-        )
+        value = encode(row).encode()
+        headers: list[tuple[str, str | bytes | None]] = [commit, (ROW_HEADER, str(i).encode())]
+        try:  # the common case without the helper's call; a full queue waits in ``produce``
+            producer.produce(
+                topic, value=value, partition=partition, headers=headers, on_delivery=delivered
+            )
+        except BufferError:
+            produce(
+                producer,
+                topic,
+                value=value,
+                partition=partition,
+                headers=headers,
+                on_delivery=delivered,
+            )
+        if i % 1000 == 0:
+            producer.poll(0)  # serve delivery callbacks as we go
     if producer.flush(60) != 0 or errors:
         raise Unavailable(
             f"source {ctx.source.name!r}: produce to {config.topic}/{config.partition} failed: "
             f"{errors[:3]}"
         )
-    high = max([last, *offsets.values()]) + 1
+    high = highest[0] + 1
     return {
         **state,
         "low": int(state.get("low", 0)),
