@@ -177,6 +177,8 @@ class Builder:
 
     def _parquet(self, part: Part, scan: ParquetScan, names: Names, types: list[str]) -> list[str]:
         files = list(scan.files)
+        if not files:
+            return []  # the tasks hold no file: no rows from this source
         self.files.extend(files)
         footers = self._footers(files)
         groups: dict[tuple[str | None, ...], list[str]] = {}
