@@ -36,7 +36,6 @@ import sqlglot
 from sqlglot import exp
 
 from flight_gateway.errors import InvalidArgument, NotFound
-from flight_gateway.protocol import ReadRequest
 from flight_gateway.protocol.messages import parse_timestamp
 
 log = logging.getLogger(__name__)
@@ -341,21 +340,6 @@ def plan_refs(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[s
     """Fill each ref's needed columns and pushable filters."""
     _needed_columns(tree, refs, schemas)
     _pushdown(tree, refs, schemas)
-
-
-def read_request(ref: TableRef, schema_names: Sequence[str], filters: Sequence[str]) -> ReadRequest:
-    """The harness read of one ref: its columns (one, at least, so row counts hold) and the
-    conjuncts the harness accepted."""
-    cols = None
-    if ref.columns is not None:
-        cols = tuple(n for n in schema_names if n in ref.columns) or tuple(schema_names[:1])
-    return ReadRequest(
-        table=ref.table,
-        columns=cols,
-        filter=" AND ".join(f"({f})" for f in filters) or None,
-        version=ref.version,
-        as_of=ref.as_of,
-    )
 
 
 def rewrite(tree: exp.Query, refs: Sequence[TableRef], relation_of: Sequence[int]) -> str:

@@ -18,8 +18,8 @@ import pyarrow as pa
 from flight_gateway.catalog import TableSnapshot
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.protocol import ReadRequest
-from flight_gateway.server.read.shape import arrow_schema, candidate_sources, column_specs, resolve
-from flight_gateway.server.sources import bind, scan_request
+from flight_gateway.server.read.plain import plan_sources
+from flight_gateway.server.read.shape import arrow_schema, column_specs, resolve
 from planners.execute import execute
 from planners.kind import ColumnSpec, EngineScan, ParquetScan, ScansInEngine, ScanTask, SourceKind
 
@@ -146,7 +146,6 @@ def plan_table(
 ) -> TableRelation:
     """Plan ``columns`` of ``snap`` for the engine; ``filter_text`` prunes sources and files
     only (the statement applies its own filter)."""
-    gw = reads.gw
     try:
         shape = resolve(snap, columns, filter_text)
     except InvalidArgument:  # a conjunct the harness filter language cannot take
@@ -154,26 +153,17 @@ def plan_table(
     schema = arrow_schema(snap.schema, shape.projection)
     specs = column_specs(snap, shape.projection)
     out = TableRelation(snap.table, snap.version, specs, schema, filter=filter_text)
-    request_all = ReadRequest(table=snap.table)
-    open_sources = candidate_sources(snap, request_all, shape.predicate)
-    planned = 0
-    for s in snap.sources:
-        if s.name not in open_sources:
-            out.pruned.append(s.name)
+    for sp in plan_sources(reads.gw, snap, ReadRequest(table=snap.table), shape):
+        if sp.kind is None or sp.request is None:
+            out.pruned.append(sp.name)
             continue
-        kind, ref = bind(gw, snap, s.name)
-        left = gw.limits.max_tasks - planned
-        request = scan_request(gw, ref, shape.specs, shape.predicate, None, left)
-        tasks = kind.plan(request)
-        request.check_task_count(len(tasks))
-        planned += len(tasks)
-        if not tasks:
+        if not sp.tasks:
             continue
         scan = None
-        if engine_scans and isinstance(kind, ScansInEngine):
-            scan = _local(kind.engine_scan(request, tasks))
-        part = Part(s.name, s.kind, len(tasks), scan)
+        if engine_scans and isinstance(sp.kind, ScansInEngine):
+            scan = _local(sp.kind.engine_scan(sp.request, sp.tasks))
+        part = Part(sp.name, sp.kind_name, len(sp.tasks), scan)
         if scan is None:
-            part.open = _chain(schema, kind, request, tasks, list(shape.projection))
+            part.open = _chain(schema, sp.kind, sp.request, sp.tasks, list(shape.projection))
         out.parts.append(part)
     return out

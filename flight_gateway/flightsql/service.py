@@ -31,6 +31,7 @@ from flight_gateway.flightsql import engine, metadata, query, relations
 from flight_gateway.flightsql.handles import HandleSealer
 from flight_gateway.flightsql.pool import WarmPool
 from flight_gateway.flightsql.proto import FlightSql_pb2
+from flight_gateway.protocol import ReadRequest
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.ingest import read_upload
 from flight_gateway.server.read import ReadService
@@ -101,10 +102,6 @@ class Statement:
     again: list[bool]  # relation -> may DuckDB scan it more than once
 
 
-def _tables(handle: dict[str, Any]) -> set[str]:
-    return {r.table for r in query.table_refs(query.parse(handle["sql"]))}
-
-
 class FlightSqlService:
     def __init__(
         self,
@@ -143,9 +140,14 @@ class FlightSqlService:
             pins.append(snap.version)
         return {"sql": tree.sql(query.DIALECT), "pins": pins, "who": who.name}
 
-    def _prepare_reads(self, handle: dict[str, Any]) -> tuple[Any, list[query.TableRef], list[Any]]:
+    def _prepare_reads(
+        self, handle: dict[str, Any], who: Principal | None = None
+    ) -> tuple[Any, list[query.TableRef], list[Any]]:
         tree = query.parse(handle["sql"])
         refs = query.table_refs(tree)
+        if who is not None:  # before the catalog is asked anything
+            for ref in refs:
+                who.require("read", ref.table)
         snaps = []
         for ref, version in zip(refs, handle["pins"], strict=True):
             ref.version, ref.as_of = int(version), None
@@ -157,11 +159,12 @@ class FlightSqlService:
         return tree, refs, snaps
 
     def _relations(
-        self, handle: dict[str, Any], plan: bool
+        self, handle: dict[str, Any], plan: bool, who: Principal | None = None
     ) -> tuple[Statement, list[relations.TableRelation]]:
         """One relation per table and version the statement reads (planned when ``plan``, else
-        empty relations of the right columns), and which one each reference reads."""
-        tree, refs, snaps = self._prepare_reads(handle)
+        empty relations of the right columns), and which one each reference reads; ``who``
+        must be allowed to read every table."""
+        tree, refs, snaps = self._prepare_reads(handle, who)
         groups: dict[tuple[str, int], list[int]] = {}
         for i, snap in enumerate(snaps):
             groups.setdefault((snap.table, snap.version), []).append(i)
@@ -210,9 +213,7 @@ class FlightSqlService:
 
     def execute(self, handle: dict[str, Any], who: Principal) -> pa.RecordBatchReader:
         """The statement's result, streamed as DuckDB produces it."""
-        for table in _tables(handle):
-            who.require("read", table)
-        stmt, rels = self._relations(handle, plan=True)
+        stmt, rels = self._relations(handle, plan=True, who=who)
         spill = engine.spill_directory(self.limits)
         try:
             con = self.pool.take(engine.postgres_servers(rels))
@@ -317,7 +318,7 @@ class FlightSqlService:
             ]
         if not m.include_schema:
             return metadata.tables(names, None)
-        schemas = [self.reads.schema_for(query.ReadRequest(table=n))[1] for n in names]
+        schemas = [self.reads.schema_for(ReadRequest(table=n))[1] for n in names]
         return metadata.tables(names, schemas)
 
     # ------------------------------------------------------------------ actions and DoPut

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,11 +224,22 @@ def _facts(config: PostgresConfig, source: str) -> _Facts:
 _FACTS = _FactsCache()
 
 
-def _literal(text: str) -> str:
-    """A PostgreSQL string literal (standard_conforming_strings: only quotes are doubled)."""
-    if "\\" in text or "\0" in text:
-        raise InvalidArgument(f"not a timestamp: {text!r}")
-    return "'" + text.replace("'", "''") + "'"
+def _versioned(
+    config: PostgresConfig,
+    mapping: Mapping[str, str],
+    types: Mapping[str, str],
+    written: str,
+    output: Callable[[str, str], str],
+) -> str:
+    """Row versions of the current and the history table matching ``written`` (SQL over
+    ``sys_period``), each column leaving the server as ``output`` says."""
+    physical = sorted(set(mapping.values()))
+    inner = ", ".join(quote_ident(c) for c in physical) or "NULL AS _none"
+    outer = ", ".join(output(c, types[c]) for c in physical) or "NULL AS _none"
+    return (
+        f"SELECT {outer} FROM (SELECT {inner} FROM {config.qualified()} WHERE {written} "
+        f"UNION ALL SELECT {inner} FROM {config.qualified(config.history)} WHERE {written}) AS v"
+    )
 
 
 def _key_range(payload: Mapping[str, Any], params: list[Any]) -> str:
@@ -321,9 +332,6 @@ class PostgresKind(SourceKind):
     ) -> tuple[str, list[Any]]:
         """The SQL of a task (pinned rows, or the row versions a since-task covers). The filter
         applies to the columns as stored; the outer select only changes how they travel."""
-        physical = sorted(set(mapping.values()))
-        inner = ", ".join(quote_ident(c) for c in physical) or "NULL AS _none"
-        outer = ", ".join(_output(c, types[c]) for c in physical) or "NULL AS _none"
         if "until" in task.payload:
             written = "lower(sys_period) <= $1::timestamptz"
             params: list[Any] = [task.payload["until"]]
@@ -333,10 +341,7 @@ class PostgresKind(SourceKind):
         else:
             written, params = "sys_period @> $1::timestamptz", [request.source.state["as_of"]]
             written += _key_range(task.payload, params)
-        sql = (
-            f"SELECT {outer} FROM (SELECT {inner} FROM {config.qualified()} WHERE {written} "
-            f"UNION ALL SELECT {inner} FROM {config.qualified(config.history)} WHERE {written}) AS v"
-        )
+        sql = _versioned(config, mapping, types, written, _output)
         pred = pushdown(request, mapping)
         if pred is not None:
             where, more = to_sql(pred, "$", first_param=len(params) + 1)
@@ -360,15 +365,8 @@ class PostgresKind(SourceKind):
             _FACTS.put(config, facts)
         types = facts.types
         mapping = physical_names(request.columns, types)
-        physical = sorted(set(mapping.values()))
-        inner = ", ".join(quote_ident(c) for c in physical) or "NULL AS _none"
-        outer = ", ".join(_engine_output(c, types[c]) for c in physical) or "NULL AS _none"
-        written = f"sys_period @> {_literal(as_of)}::timestamptz"
-        query = (
-            f"SELECT {outer} FROM (SELECT {inner} FROM {config.qualified()} WHERE {written} "
-            f"UNION ALL SELECT {inner} FROM {config.qualified(config.history)} WHERE {written}) "
-            "AS v"
-        )
+        written = f"sys_period @> {postgres_literal(as_of)}::timestamptz"
+        query = _versioned(config, mapping, types, written, _engine_output)
         pred = pushdown(request, mapping)
         if pred is not None:
             try:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from flight_gateway.catalog import TableSnapshot
 from flight_gateway.protocol import ReadRequest, TicketPayload
+from flight_gateway.server.context import Gateway
 from flight_gateway.server.read.direct import direct_token
 from flight_gateway.server.read.model import PlannedRead, SourceReport
-from flight_gateway.server.read.shape import arrow_schema, candidate_sources, resolve
+from flight_gateway.server.read.shape import ReadShape, arrow_schema, candidate_sources, resolve
 from flight_gateway.server.sources import bind, scan_request
+from planners.kind import ScanRequest, ScanTask, SourceKind
 
 if TYPE_CHECKING:
     from flight_gateway.server.read.service import ReadService
@@ -18,22 +22,48 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class SourcePlan:
+    """One source of a read: pruned by the filter (``kind`` None), or its kind's tasks."""
+
+    name: str
+    kind_name: str
+    kind: SourceKind | None = None
+    request: ScanRequest | None = None
+    tasks: list[ScanTask] = field(default_factory=list)
+
+
+def plan_sources(
+    gw: Gateway, snap: TableSnapshot, req: ReadRequest, shape: ReadShape
+) -> Iterator[SourcePlan]:
+    """Each source of ``snap`` planned by its kind (after the policies allowed it), or pruned;
+    all of them together within ``limits.max_tasks``."""
+    open_sources = candidate_sources(snap, req, shape.predicate)
+    planned = 0
+    for s in snap.sources:
+        if s.name not in open_sources:
+            yield SourcePlan(s.name, s.kind)
+            continue
+        kind, ref = bind(gw, snap, s.name)
+        left = gw.limits.max_tasks - planned
+        request = scan_request(gw, ref, shape.specs, shape.predicate, req.limit, left)
+        tasks = kind.plan(request)
+        request.check_task_count(len(tasks))
+        planned += len(tasks)
+        yield SourcePlan(s.name, s.kind, kind, request, tasks)
+
+
 def plan(
     svc: ReadService, snap: TableSnapshot, req: ReadRequest, principal: str | None
 ) -> PlannedRead:
     shape = resolve(snap, req.columns, req.filter)
-    open_sources = candidate_sources(snap, req, shape.predicate)
     out = PlannedRead(snap, arrow_schema(snap.schema, shape.projection))
-    for s in snap.sources:
-        if s.name not in open_sources:
-            out.sources.append(SourceReport(s.name, s.kind, pruned=True, tasks=0))
+    for sp in plan_sources(svc.gw, snap, req, shape):
+        if sp.kind is None or sp.request is None:
+            out.sources.append(SourceReport(sp.name, sp.kind_name, pruned=True, tasks=0))
             continue
-        kind, ref = bind(svc.gw, snap, s.name)
-        left = svc.gw.limits.max_tasks - len(out.endpoints)
-        request = scan_request(svc.gw, ref, shape.specs, shape.predicate, req.limit, left)
-        tasks = kind.plan(request)
-        request.check_task_count(len(tasks))
-        out.sources.append(SourceReport(s.name, s.kind, pruned=False, tasks=len(tasks)))
+        kind, request, tasks = sp.kind, sp.request, sp.tasks
+        out.sources.append(SourceReport(sp.name, sp.kind_name, pruned=False, tasks=len(tasks)))
         for task in tasks:
             payload = TicketPayload(
                 table=snap.table,
@@ -41,7 +71,7 @@ def plan(
                 columns=tuple(shape.projection),
                 filter=req.filter,
                 limit=req.limit,
-                source=s.name,
+                source=sp.name,
                 task=task.payload,
                 exact=task.exact_filter,
                 principal=principal,
