@@ -38,6 +38,10 @@ class Limits:
     max_upload_bytes: int = 1 << 30
     max_tasks: int = 10_000
     max_lock_wait_s: float = 300.0
+    #: Lease of the locks the gateway takes for a DoPut or an engine write, renewed every
+    #: third of it while the write runs: after a gateway dies mid-write, its sources are
+    #: free again this long after.
+    write_lease_s: float = 10.0
     max_streams_per_principal: int = 64
     #: DoPut calls one principal may have in progress at once.
     max_uploads_per_principal: int = 4
@@ -73,8 +77,10 @@ class Limits:
                 raise ValueError(f"limits.{name} must be a positive integer, not {value!r}")
         if not isinstance(self.sql_threads, int) or self.sql_threads < 0:
             raise ValueError(f"limits.sql_threads must be 0 or more, not {self.sql_threads!r}")
-        if not isinstance(self.sql_timeout_s, int | float) or not self.sql_timeout_s > 0:
-            raise ValueError(f"limits.sql_timeout_s must be positive, not {self.sql_timeout_s!r}")
+        for name in ("sql_timeout_s", "write_lease_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"limits.{name} must be positive, not {value!r}")
 
     def sql(self) -> SqlLimits:
         """The per-statement limits of Flight SQL (``flight_gateway.flightsql.engine``)."""

@@ -31,13 +31,13 @@ from flight_gateway.errors import InvalidArgument, ResourceExhausted
 from flight_gateway.protocol import operations as ops
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.context import Gateway
+from flight_gateway.server.lease import leased
 from flight_gateway.server.sources import bind, guard
 from planners.kind import Appendable, AppendContext
 from planners.predicates import coerce
 from planners.registry import get_kind
 
 log = logging.getLogger(__name__)
-LOCK_TTL_S = 300.0
 
 
 def _validate(snap: TableSnapshot, data: pa.Table) -> pa.Table:
@@ -246,10 +246,14 @@ def do_put(
     parts = route(snap, rows, source)
     if not parts:
         raise InvalidArgument("nothing to write: the upload has no rows")
-    grant = catalog.lock(
-        table, sorted(parts), owner=f"doput:{commit_id}", ttl_s=LOCK_TTL_S, wait_s=60
-    )
-    try:
+    with leased(
+        catalog,
+        table,
+        sorted(parts),
+        owner=f"doput:{commit_id}",
+        ttl_s=gw.limits.write_lease_s,
+        wait_s=60,
+    ) as grant:
         done = catalog.find_commit(table, commit_id)  # another try may have finished meanwhile
         if done is not None:
             return {"version": done, "applied": False, "rows": 0}
@@ -264,8 +268,6 @@ def do_put(
             external_state=appender.markers or None,
             summary={ops.OPERATION: ops.DOPUT, "rows": rows.num_rows, "sources": sorted(parts)},
         )
-    finally:
-        catalog.unlock(grant.lock_id)
     log.info(
         "DoPut %s into %s: %d rows -> version %d", commit_id, table, rows.num_rows, res.version
     )

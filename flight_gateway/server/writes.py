@@ -23,13 +23,13 @@ from flight_gateway.errors import InvalidArgument
 from flight_gateway.protocol import operations as ops
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.context import Gateway
+from flight_gateway.server.lease import leased
 from flight_gateway.server.sources import bind
 from planners.common import filesystem
 from planners.kind import AdoptsFiles, Appendable
 from planners.registry import get_kind
 
 log = logging.getLogger(__name__)
-LOCK_TTL_S = 300.0
 _WRITE_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -147,14 +147,18 @@ def commit_write(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str,
     held = body.get("lock_id")
     if held:  # under the caller's lock (a compaction job holds one)
         return {"version": _adopt(gw, table, source, write_id, body, str(held)), "applied": True}
-    grant = cat.lock(table, [source], owner=f"write:{write_id}", ttl_s=LOCK_TTL_S, wait_s=120)
-    try:
+    with leased(
+        cat,
+        table,
+        [source],
+        owner=f"write:{write_id}",
+        ttl_s=gw.limits.write_lease_s,
+        wait_s=120,
+    ) as grant:
         return {
             "version": _adopt(gw, table, source, write_id, body, grant.lock_id),
             "applied": True,
         }
-    finally:
-        cat.unlock(grant.lock_id)
 
 
 def abort_write(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
