@@ -15,7 +15,7 @@ import pyarrow.fs as pafs
 
 from flight_gateway.errors import InvalidArgument
 from planners.kind import ColumnSpec, ScanRequest
-from planners.predicates import Expr, columns, rename, to_arrow
+from planners.predicates import Expr, columns, nan_safe, rename, to_arrow
 
 DEFAULT_BATCH_ROWS = 64 * 1024
 MIN_TASK_BYTES = 8 * 1024 * 1024
@@ -197,6 +197,11 @@ def scan_dataset(request: ScanRequest, data: Any) -> pa.RecordBatchReader:
     cols = request.columns
     mapping = physical_names(cols, data.schema.names)
     pred = pushdown(request, mapping)
+    exact = pred is not None
+    if pred is not None:
+        # pyarrow prunes row groups by min/max that leave NaN out: push a filter that keeps
+        # every NaN row it may match, and apply the exact one after when they differ.
+        pred, exact = nan_safe(pred, floating_columns(data.schema))
     options = {
         "columns": sorted(set(mapping.values())),
         "filter": to_arrow(pred, data.schema) if pred is not None else None,
@@ -207,9 +212,13 @@ def scan_dataset(request: ScanRequest, data: Any) -> pa.RecordBatchReader:
     else:
         scanner = data.scanner(use_threads=True, **options)
     out = conform(scanner.to_reader(), cols, mapping)
-    if request.predicate is not None and pred is None:
+    if request.predicate is not None and not exact:
         out = apply_residual(out, request.predicate)
     return out
+
+
+def floating_columns(schema: pa.Schema) -> set[str]:
+    return {f.name for f in schema if pa.types.is_floating(f.type)}
 
 
 def read_files(

@@ -39,6 +39,7 @@ from planners.common import (
     conform,
     empty_reader,
     fit_to_schema,
+    floating_columns,
     group_by_size,
     physical_names,
     pushdown,
@@ -56,7 +57,7 @@ from planners.kind import (
     SourceRef,
     parquet_engine_scan,
 )
-from planners.predicates import to_arrow
+from planners.predicates import columns, nan_safe, to_arrow
 
 DEFAULT_BATCH_ROWS = 64 * 1024
 _opened: OrderedDict[str, tuple[Any, ds.FileSystemDataset]] = OrderedDict()
@@ -173,6 +174,8 @@ class DeltaKind(SourceKind):
         table, dataset = _open(src, config, version)
         mapping = physical_names(request.columns, dataset.schema.names)
         pred = pushdown(request, mapping)
+        if pred is not None:  # file statistics leave NaN out (see nan_safe)
+            pred, _ = nan_safe(pred, floating_columns(dataset.schema))
         expr = to_arrow(pred, dataset.schema) if pred is not None else None
         sizes = {
             r["path"]: int(r["size_bytes"])
@@ -208,6 +211,13 @@ class DeltaKind(SourceKind):
         part = ds.FileSystemDataset(frags, dataset.schema, dataset.format, dataset.filesystem)
         mapping = physical_names(cols, dataset.schema.names)
         pred = pushdown(request, mapping)
+        exact = pred is not None
+        if pred is not None:  # row-group statistics leave NaN out (see nan_safe)
+            floats = floating_columns(dataset.schema)
+            pred, exact = nan_safe(pred, floats)
+            # deltalake's fragments carry min/max guarantees that leave NaN out too, so pyarrow
+            # may pass NaN rows through a filter it takes for always true: check the rows.
+            exact = exact and not (columns(pred) & floats)
         scanner = part.scanner(
             columns=sorted(set(mapping.values())) or dataset.schema.names[:1],
             filter=to_arrow(pred, dataset.schema) if pred is not None else None,
@@ -215,7 +225,7 @@ class DeltaKind(SourceKind):
             use_threads=True,
         )
         out = conform(scanner.to_reader(), cols, mapping)
-        if request.predicate is not None and pred is None:
+        if request.predicate is not None and not exact:
             out = apply_residual(out, request.predicate)
         return out
 

@@ -50,6 +50,7 @@ from planners.kind import (
     SourceRef,
     parquet_engine_scan,
 )
+from planners.predicates import nan_safe
 from planners.predicates.iceberg import to_iceberg
 
 _catalogs: dict[str, Any] = {}
@@ -199,6 +200,13 @@ def _snapshot_id(source: str, state: Mapping[str, Any]) -> int | None:
     return snap
 
 
+def _floating(schema: Any) -> set[str]:
+    """The float and double columns of a pyiceberg schema."""
+    from pyiceberg.types import DoubleType, FloatType
+
+    return {f.name for f in schema.fields if isinstance(f.field_type, (FloatType, DoubleType))}
+
+
 def task_files(tasks: Sequence[Any]) -> list[str]:
     """Data and delete files of pyiceberg ``FileScanTask``s."""
     return [t.file.file_path for t in tasks] + [d.file_path for t in tasks for d in t.delete_files]
@@ -281,8 +289,12 @@ class IcebergKind(SourceKind):
             )
         schema = table.schemas().get(snapshot.schema_id, table.schema())
         mapping = physical_names(request.columns, [f.name for f in schema.fields])
+        pred = pushdown(request, mapping)
+        if pred is not None:
+            # Iceberg bounds leave NaN out; the gateway applies the exact predicate after.
+            pred, _ = nan_safe(pred, _floating(schema))
         scan = table.scan(
-            row_filter=to_iceberg(pushdown(request, mapping)),
+            row_filter=to_iceberg(pred),
             # With no requested column in this table, still read one so row counts (and
             # deletes) are right; conform then yields nulls for every requested column.
             selected_fields=tuple(sorted(set(mapping.values()))) or (schema.fields[0].name,),

@@ -7,7 +7,7 @@ datetime, or None for SQL NULL).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -120,3 +120,40 @@ def fold_pairwise(items: Sequence[T], combine: Callable[[T, T], T]) -> T:
         paired = [combine(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
         level = paired + ([level[-1]] if len(level) % 2 else [])
     return level[0]
+
+
+def nan_safe(expr: Expr, floating: Collection[str]) -> tuple[Expr, bool]:
+    """``expr`` for pruning by min/max statistics, and whether it is still exact.
+
+    Parquet and Iceberg min/max bounds leave NaN out, yet pyarrow's row-group pruning and
+    pyiceberg's file pruning read them as bounds of every non-null value. So a term over a
+    float column that NaN satisfies (IEEE: ``x != 1``, ``NOT (x > 1)``, ``NOT (x = 1)``,
+    ``NOT (x IN (..))``, ``NOT (x BETWEEN ..)``) would skip files and row groups whose NaN rows
+    it matches. Here NOT is pushed down to the terms and each such term becomes TRUE; the result
+    never rejects a row ``expr`` accepts, and is exact when no term was replaced (else the
+    caller must apply ``expr`` to the rows itself). ``floating``: the float columns."""
+    weakened = False
+
+    def nan_matches(e: Expr, negated: bool) -> bool:
+        if isinstance(e, Cmp):
+            return e.value is not None and (e.op == "!=") != negated
+        if isinstance(e, (In, Between)):
+            return negated
+        return False  # IS NULL is false for NaN, IS NOT NULL prunes by null counts only
+
+    def go(e: Expr, negated: bool) -> Expr:
+        nonlocal weakened
+        if isinstance(e, Not):
+            return go(e.item, not negated)
+        if isinstance(e, (And, Or)):
+            items = tuple(go(i, negated) for i in e.items)
+            return Or(items) if isinstance(e, And) == negated else And(items)
+        if isinstance(e, Const):
+            return Const(e.value != negated)
+        if isinstance(e, StartsWith) or e.column not in floating or not nan_matches(e, negated):
+            return Not(e) if negated else e
+        weakened = True
+        return Const(True)
+
+    out = go(expr, False)
+    return out, not weakened
