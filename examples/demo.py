@@ -253,7 +253,9 @@ def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
         ) as lock:
             state = client.describe("events").source("kafka-0").state
             cols = [ColumnSpec(i + 1, f.name, str(f.type)) for i, f in enumerate(SCHEMA)]
-            rows = read_offsets(kafka_cfg, state["low"], state["high"], cols)
+            rows = read_offsets(
+                kafka_cfg, state["low"], state["high"], cols, skip=state.get("skip", [])
+            )
             cold.append(rows.cast(SCHEMA))
             v = client.commit(
                 "events",

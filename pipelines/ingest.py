@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from clients.client import HarnessClient
 from flight_gateway.protocol import operations as ops
+from planners.kafka.ranges import with_range
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class KafkaIngester:
                     updates.append(
                         {
                             "source": self.sources[p],
-                            "state": {"low": int(state.get("low", 0)), "high": high},
+                            "state": with_range(state, int(state.get("low", 0)), high),
                         }
                     )
                 ext[self._key(p)] = high

@@ -34,6 +34,7 @@ from flight_gateway.errors import Conflict
 from flight_gateway.protocol import SourceInfo, TableInfo
 from flight_gateway.protocol import operations as ops
 from planners.iceberg import snapshot_properties
+from planners.kafka.ranges import with_range
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +165,15 @@ class KafkaToIcebergMover(_Mover):
         from planners.kafka import read_offsets
 
         schema = itable.schema().as_arrow()
-        hot = resolve_config(desc.source(self.hot).config)
-        data = read_offsets(hot, low, high, _columns(desc, schema.names), source=self.hot)
+        src = desc.source(self.hot)
+        data = read_offsets(
+            resolve_config(src.config),
+            low,
+            high,
+            _columns(desc, schema.names),
+            source=self.hot,
+            skip=src.state.get("skip") or (),
+        )
         checkpoint("kafka_iceberg.before_append")
         itable.append(data.cast(schema), snapshot_properties=props)
         return int(data.num_rows)
@@ -187,7 +195,7 @@ class KafkaToIcebergMover(_Mover):
                     f"orphaned Iceberg snapshot {snap.snapshot_id} of {name} [{lo}, {hi}) does "
                     f"not continue its state (low {state.get('low')}); repair by hand"
                 )
-            updates[name] = {"low": hi, "high": max(int(state.get("high", 0)), hi)}
+            updates[name] = with_range(state, hi, max(int(state.get("high", 0)), hi))
             adopted.append(snap.snapshot_id)
         return updates, adopted
 
@@ -258,8 +266,15 @@ class KafkaToPostgresMover(_Mover):
         from planners.kafka import read_offsets
 
         names = [n for n in desc.column_names if n not in _METADATA]
-        hot = resolve_config(desc.source(self.hot).config)
-        data = read_offsets(hot, low, high, _columns(desc, names), source=self.hot)
+        src = desc.source(self.hot)
+        data = read_offsets(
+            resolve_config(src.config),
+            low,
+            high,
+            _columns(desc, names),
+            source=self.hot,
+            skip=src.state.get("skip") or (),
+        )
         order_by = desc.properties.get("dedupe.order_by")
         if order_by in data.column_names:
             # Stamp tombstones with an ordering value while Kafka's order is still known:

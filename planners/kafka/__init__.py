@@ -1,4 +1,5 @@
-"""``kafka`` sources: one topic partition, state ``{"low": int, "high": int}``.
+"""``kafka`` sources: one topic partition, state ``{"low": int, "high": int, "skip"?: [[a, b),
+...]}`` (``skip``: offsets no commit owns, see ``planners.kafka.ranges``).
 
 A task reads exactly offsets ``[low, high)`` by assigning the partition at ``low`` and consuming
 until an offset >= ``high`` or the consumer position reaches ``high`` (offsets may have gaps:
@@ -28,13 +29,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.errors import InvalidArgument
 from planners import locations
 from planners.common import conform, physical_names, target_schema
 from planners.kafka import produce
 from planners.kafka.config import META, KafkaConfig, consumer
 from planners.kafka.consume import consume_range
 from planners.kafka.decode import Decoder, dead_letter_counts
+from planners.kafka.ranges import bounds, skips, visible, with_range
 from planners.kind import (
     AppendContext,
     ColumnSpec,
@@ -48,21 +49,14 @@ from planners.kind import (
 from planners.predicates import ast as P
 
 log = logging.getLogger(__name__)
-__all__ = ["META", "KafkaConfig", "KafkaKind", "dead_letter_counts", "read_offsets"]
-
-
-def _range(name: str, state: Mapping[str, Any]) -> tuple[int, int]:
-    low, high = state.get("low", 0), state.get("high", 0)
-    if (
-        isinstance(low, bool)
-        or isinstance(high, bool)
-        or not isinstance(low, int)
-        or not isinstance(high, int)
-        or low < 0
-        or high < low
-    ):
-        raise InvalidArgument(f"source {name!r}: state needs 0 <= low <= high, got {dict(state)}")
-    return low, high
+__all__ = [
+    "META",
+    "KafkaConfig",
+    "KafkaKind",
+    "dead_letter_counts",
+    "read_offsets",
+    "with_range",
+]
 
 
 def _offset_bounds(predicate: P.Expr | None) -> tuple[int, int | None]:
@@ -121,7 +115,7 @@ class KafkaKind(SourceKind):
         return {"lost": retention_guard(pinned)}
 
     def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
-        _range(name, state)
+        skips(name, state)
 
     def reaches(self, source: SourceRef) -> list[Reach]:
         config: KafkaConfig = self.parse_config(source)
@@ -148,19 +142,21 @@ class KafkaKind(SourceKind):
         if low >= high:
             return []
         step = config.max_task_messages
-        request.check_task_count(-(-(high - low) // step))
+        ranges = visible(low, high, skips(src.name, src.state))
+        request.check_task_count(sum(-(-(b - a) // step) for a, b in ranges))
         return [
-            ScanTask(src.name, {"low": a, "high": min(a + step, high)})
-            for a in range(low, high, step)
+            ScanTask(src.name, {"low": a, "high": min(a + step, b)})
+            for start, b in ranges
+            for a in range(start, b, step)
         ]
 
     def plan(self, request: ScanRequest) -> list[ScanTask]:
-        return self._tasks(request, *_range(request.source.name, request.source.state))
+        return self._tasks(request, *bounds(request.source.name, request.source.state))
 
     def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
-        low, high = _range(request.source.name, request.source.state)
+        low, high = bounds(request.source.name, request.source.state)
         if before is not None:
-            low = _range(request.source.name, before)[1]
+            low = bounds(request.source.name, before)[1]
         return self._tasks(request, low, high) if high > low else []
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
@@ -209,13 +205,19 @@ def read_offsets(
     high: int,
     columns: Sequence[ColumnSpec],
     source: str = "kafka",
+    skip: Sequence[Sequence[int]] = (),
 ) -> pa.Table:
-    """All rows of ``[low, high)`` with the given harness columns (for movers)."""
-    if high <= low:
+    """All rows of ``[low, high)`` but the ``skip`` ranges (pass the source state's), with the
+    given harness columns (for movers)."""
+    ranges = visible(low, high, [(int(a), int(b)) for a, b in skip])
+    if not ranges:
         return target_schema(columns).empty_table()
     ref = SourceRef(source, KafkaKind.name, config, {}, {"low": low, "high": high})
     req = ScanRequest(ref, tuple(columns))
-    return KafkaKind().read(req, ScanTask(source, {"low": low, "high": high})).read_all()
+    kind = KafkaKind()
+    return pa.concat_tables(
+        kind.read(req, ScanTask(source, {"low": a, "high": b})).read_all() for a, b in ranges
+    )
 
 
 # ---------------------------------------------------------------------------- maintenance

@@ -5,6 +5,10 @@ Every message carries ``harness.commit-id`` and ``harness.row`` headers. A produ
 found again by commit id without a scan, so before producing the kind records where this commit
 starts (``AppendContext.record_intent``, committed to ``external_state`` by the gateway); a retry
 of the same commit gets that start back, scans from there and produces only the missing rows.
+
+The new ``high`` is just past this commit's last message. DoPut messages below it that the
+commit does not own — an abandoned try of another commit, a fenced writer's late deliveries —
+go into the state's ``skip`` ranges, so nothing uncommitted ever becomes visible.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import pyarrow as pa
 
 from flight_gateway.errors import Unavailable
 from planners.kafka.config import KafkaConfig
-from planners.kafka.consume import scan_tail
+from planners.kafka.consume import consume_range, scan_tail
+from planners.kafka.ranges import Range, bounds, merge, runs, visible, with_range
 from planners.kind import AppendContext
 
 #: One encoder for every message (``json.dumps`` with ``default`` builds one per call).
@@ -37,17 +42,40 @@ def produce(producer: Any, topic: str, **kwargs: Any) -> None:
     producer.poll(0)
 
 
-def _already_produced(config: KafkaConfig, start: int, commit_id: str) -> tuple[set[int], int]:
-    """Rows of ``commit_id`` an earlier try produced, and the last offset seen from ``start``."""
-    present: set[int] = set()
-    last = start - 1
+def _already_produced(config: KafkaConfig, start: int, commit_id: str) -> dict[int, int]:
+    """Row -> offset of the rows of ``commit_id`` an earlier try produced from ``start`` (the
+    first copy of each: a later copy is skipped like any message no commit owns)."""
+    present: dict[int, int] = {}
+    tag = commit_id.encode()
     for chunk in scan_tail(config, start):
         for m in chunk:
             headers = dict(m.headers() or [])
-            if headers.get(COMMIT_HEADER) == commit_id.encode():
-                present.add(int(headers[ROW_HEADER]))
-            last = max(last, m.offset())
-    return present, last
+            if headers.get(COMMIT_HEADER) == tag:
+                present.setdefault(int(headers[ROW_HEADER]), m.offset())
+    return present
+
+
+def _unowned(config: KafkaConfig, gaps: list[Range]) -> list[Range]:
+    """Offsets in ``gaps`` holding messages of another DoPut (a ``harness.commit-id`` header):
+    nobody committed them, since every commit's messages lie below the ``high`` it published.
+    Messages without the header come from the topic's own producers and stay visible."""
+    tagged = []
+    for a, b in gaps:
+        for chunk in consume_range(config, a, b):
+            tagged += [m.offset() for m in chunk if COMMIT_HEADER in dict(m.headers() or [])]
+    return runs(tagged)
+
+
+def _new_state(config: KafkaConfig, state: dict[str, Any], owned: list[Range]) -> dict[str, Any]:
+    """``high`` just past this commit's last message; DoPut messages in between that this
+    commit does not own (an abandoned try, a fenced writer's late deliveries) are skipped."""
+    low, old_high = bounds("kafka", state)
+    owned = [r for r in merge(owned) if r[1] > old_high]
+    if not owned:
+        return dict(state)
+    high = owned[-1][1]
+    gaps = visible(old_high, high, owned)
+    return with_range(state, low, high, _unowned(config, gaps) if gaps else [])
 
 
 def append(config: KafkaConfig, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]:
@@ -58,15 +86,15 @@ def append(config: KafkaConfig, ctx: AppendContext, rows: pa.Table) -> dict[str,
     start = int(ctx.intent["start"]) if ctx.intent else int(state.get("high", 0))
     if not retry:
         ctx.record_intent({"start": start})
-    present, last = _already_produced(config, start, ctx.commit_id) if retry else (set(), start - 1)
-    highest = [last]
+    present = _already_produced(config, start, ctx.commit_id) if retry else {}
+    offsets = list(present.values())  # the messages this commit owns
     errors: list[str] = []
 
     def delivered(err: Any, msg: Any) -> None:  # one callback for every message
         if err is not None:
             errors.append(str(err))
-        elif msg.offset() > highest[0]:
-            highest[0] = msg.offset()
+        else:
+            offsets.append(msg.offset())
 
     producer = Producer(
         {"bootstrap.servers": config.bootstrap_servers, "enable.idempotence": True, "linger.ms": 5}
@@ -99,9 +127,4 @@ def append(config: KafkaConfig, ctx: AppendContext, rows: pa.Table) -> dict[str,
             f"source {ctx.source.name!r}: produce to {config.topic}/{config.partition} failed: "
             f"{errors[:3]}"
         )
-    high = highest[0] + 1
-    return {
-        **state,
-        "low": int(state.get("low", 0)),
-        "high": max(high, int(state.get("high", 0))),
-    }
+    return _new_state(config, dict(state), runs(offsets))

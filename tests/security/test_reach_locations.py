@@ -238,11 +238,22 @@ def test_the_listener_sees_requests_to_an_allowed_host(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kind", "config"),
     [
-        ("iceberg", {"catalog": {"type": "rest", "uri": "http://127.0.0.1:9/",
-                                 "adls.account-host": "x"}, "identifier": "db.t"}),
+        (
+            "iceberg",
+            {
+                "catalog": {"type": "rest", "uri": "http://127.0.0.1:9/", "adls.account-host": "x"},
+                "identifier": "db.t",
+            },
+        ),
         ("iceberg", {"catalog": {"type": "glue"}, "identifier": "db.t"}),
-        ("kafka", {**KAFKA, "bootstrap_servers": "127.0.0.1:9",
-                   "consumer": {"socks5.proxy": "127.0.0.1:1080"}}),
+        (
+            "kafka",
+            {
+                **KAFKA,
+                "bootstrap_servers": "127.0.0.1:9",
+                "consumer": {"socks5.proxy": "127.0.0.1:1080"},
+            },
+        ),
         ("delta", {"uri": "s3://bucket/lake/d", "storage_options": {"proxy_url": "http://p"}}),
         ("files", {"root": "s3://bucket/lake?tls_ca_file_path=/etc/passwd"}),
         ("files", {"root": "file:///srv/lake?x=1"}),

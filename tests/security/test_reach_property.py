@@ -90,7 +90,9 @@ def locations(draw: st.DrawFn, tree: Path) -> tuple[str, bool]:
     return f"file://{path}{suffix}", form == "file" and "%" not in path
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_reach_decides_as_the_resolved_path(tree: Path, data: st.DataObject) -> None:
     allowed = os.path.realpath(tree / "allowed")

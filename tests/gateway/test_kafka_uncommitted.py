@@ -1,0 +1,189 @@
+"""Nothing uncommitted ever becomes visible in Kafka (DoPut): an abandoned try's messages, a
+late retry's duplicates and a fenced writer's late deliveries are skipped by the next append,
+in plain, pinned and streaming reads and in movers; the topic's own producers' messages are
+not. (Before skip ranges, the first three cases showed extra or duplicated rows.)"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from clients import HarnessClient
+from flight_gateway.errors import InvalidArgument
+from planners.kafka.ranges import skips, visible, with_range
+from tests.gateway.helpers import IcebergFixture
+from tests.gateway.kafka_helpers import new_topic, produce
+
+pytestmark = pytest.mark.integration
+SCHEMA = [{"name": "id", "type": "int64", "nullable": False}, {"name": "v", "type": "string"}]
+
+
+@pytest.fixture
+def topic(client: HarnessClient, kafka_bootstrap: str) -> str:
+    topic = new_topic(kafka_bootstrap)
+    client.create_table("t", SCHEMA)
+    config = {"bootstrap_servers": kafka_bootstrap, "topic": topic, "partition": 0}
+    client.add_source("t", "k", "kafka", config=config, state={"low": 0, "high": 0})
+    return topic
+
+
+def rows(a: int, b: int) -> pa.Table:
+    return pa.table({"id": list(range(a, b)), "v": [str(i) for i in range(a, b)]})
+
+
+def ids(client: HarnessClient, **kw: Any) -> list[int]:
+    return sorted(client.read("t", **kw).column("id").to_pylist())
+
+
+def added(client: HarnessClient, since: int) -> list[int]:
+    info = client.flight_info("t", since=since)
+    return sorted(
+        i
+        for ep in info.endpoints
+        for i in client.read_endpoint(ep).read_all().column("id").to_pylist()
+    )
+
+
+def fail_commit_once(catalog: Any, commit_id: str) -> Callable[..., Any]:
+    """The gateway dies between producing and its harness commit (once)."""
+    real = catalog.commit
+    left = [1]
+
+    def flaky(table: str, cid: str, **kw: Any) -> Any:
+        if cid == commit_id and left[0]:
+            left[0] -= 1
+            raise RuntimeError("simulated crash between produce and the harness commit")
+        return real(table, cid, **kw)
+
+    catalog.commit = flaky
+    return real
+
+
+def harness_messages(bootstrap: str, topic: str, first: int, n: int, commit_id: str) -> None:
+    """Messages as a DoPut of ``commit_id`` writes them (a dead gateway's, say)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in range(n):
+        p.produce(
+            topic,
+            value=b'{"id": %d, "v": "dead"}' % (first + i),
+            partition=0,
+            headers=[("harness.commit-id", commit_id.encode()), ("harness.row", b"%d" % i)],
+        )
+    assert p.flush(10) == 0
+
+
+def test_abandoned_doput_never_surfaces_in_a_later_append(
+    gateway: tuple[Any, Any], client: HarnessClient, topic: str
+) -> None:
+    _, catalog = gateway
+    client.put("t", rows(0, 5), commit_id="a")
+    v_a = client.describe("t").version
+    real = fail_commit_once(catalog, "x")
+    with pytest.raises(Exception, match="simulated crash"):
+        client.put("t", rows(100, 110), commit_id="x")  # produced, never committed nor retried
+    catalog.commit = real
+    assert ids(client) == list(range(5))
+    client.put("t", rows(5, 8), commit_id="y")
+    assert ids(client) == list(range(8))
+    assert added(client, v_a) == [5, 6, 7]  # the streaming read agrees
+    assert ids(client, version=client.describe("t").version) == list(range(8))
+    assert client.describe("t").source("k").state["skip"] == [[5, 15]]
+
+
+def test_a_late_retry_after_another_append_applies_once(
+    gateway: tuple[Any, Any], client: HarnessClient, topic: str
+) -> None:
+    _, catalog = gateway
+    real = fail_commit_once(catalog, "x")
+    with pytest.raises(Exception, match="simulated crash"):
+        client.put("t", rows(100, 110), commit_id="x")
+    catalog.commit = real
+    client.put("t", rows(0, 3), commit_id="y")  # replaces x's intent marker
+    client.put("t", rows(100, 110), commit_id="x")  # the late retry produces again
+    assert ids(client) == list(range(3)) + list(range(100, 110))
+
+
+def test_dead_writers_messages_are_skipped_and_the_topics_own_are_not(
+    client: HarnessClient, topic: str, kafka_bootstrap: str
+) -> None:
+    client.put("t", rows(0, 2), commit_id="a")
+    harness_messages(kafka_bootstrap, topic, 50, 3, "dead")
+    produce(kafka_bootstrap, topic, [b'{"id": 60, "v": "own producer"}'])
+    harness_messages(kafka_bootstrap, topic, 70, 2, "dead-too")
+    client.put("t", rows(2, 4), commit_id="b")
+    assert ids(client) == [0, 1, 2, 3, 60]
+    assert client.describe("t").source("k").state["skip"] == [[2, 5], [6, 8]]
+
+
+def test_a_fenced_writers_interleaved_deliveries_never_surface(
+    client: HarnessClient, topic: str, kafka_bootstrap: str
+) -> None:
+    """A writer that lost its lease keeps delivering while the next append produces."""
+    from confluent_kafka import Producer
+
+    stop = threading.Event()
+
+    def zombie() -> None:
+        p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+        i = 0
+        while not stop.is_set():
+            p.produce(
+                topic,
+                value=b'{"id": %d, "v": "zombie"}' % (10**6 + i),
+                partition=0,
+                headers=[("harness.commit-id", b"dead"), ("harness.row", b"%d" % i)],
+            )
+            p.poll(0)
+            i += 1
+            if i % 50 == 0:
+                p.flush(5)
+        p.flush(10)
+
+    t = threading.Thread(target=zombie)
+    t.start()
+    try:
+        client.put("t", rows(0, 50_000), commit_id="b")
+    finally:
+        stop.set()
+        t.join()
+    assert ids(client) == list(range(50_000))
+
+
+def test_mover_copies_only_committed_rows(
+    gateway: tuple[Any, Any], client: HarnessClient, topic: str, iceberg: IcebergFixture
+) -> None:
+    from pipelines.movers import KafkaToIcebergMover
+
+    _, catalog = gateway
+    iceberg.create("cold", pa.schema([("id", pa.int64()), ("v", pa.string())]))
+    client.add_source(
+        "t", "cold", "iceberg", config=iceberg.source_config("cold"), state={"snapshot_id": None}
+    )
+    client.put("t", rows(0, 3), commit_id="a", source="k")
+    real = fail_commit_once(catalog, "x")
+    with pytest.raises(Exception, match="simulated crash"):
+        client.put("t", rows(100, 104), commit_id="x", source="k")
+    catalog.commit = real
+    client.put("t", rows(3, 5), commit_id="y", source="k")
+    KafkaToIcebergMover(client, "t", "k", "cold", owner="mover", wait_s=30).run_once()
+    assert ids(client) == list(range(5))
+    assert iceberg.catalog.load_table("db.cold").scan().to_arrow().num_rows == 5
+    assert client.describe("t").source("k").state == {"low": 9, "high": 9}
+
+
+def test_skip_ranges_are_checked_and_kept() -> None:
+    assert visible(0, 10, [(2, 4), (6, 7)]) == [(0, 2), (4, 6), (7, 10)]
+    assert visible(5, 10, [(2, 6), (9, 12)]) == [(6, 9)]
+    state = {"low": 0, "high": 10, "skip": [[2, 4], [6, 7]]}
+    assert with_range(state, 5, 12) == {"low": 5, "high": 12, "skip": [[6, 7]]}
+    assert with_range(state, 7, 12) == {"low": 7, "high": 12}
+    assert with_range(state, 0, 12, [(7, 9)]) == {"low": 0, "high": 12, "skip": [[2, 4], [6, 9]]}
+    for bad in ([[4, 2]], [[2, 5], [4, 6]], [[8, 11]], [[1, True]], "0-2"):
+        with pytest.raises(InvalidArgument, match="skip"):
+            skips("k", {"low": 0, "high": 10, "skip": bad})
