@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from clients.failover import IDEMPOTENT_ACTIONS, Replicas
 from flight_gateway.protocol import (
     CommitRecord,
     ReadRequest,
@@ -38,10 +39,17 @@ class HarnessClient:
         timeout_s: float | None = None,
         tls_cert_chain: bytes | None = None,
         tls_private_key: bytes | None = None,
+        replicas: Sequence[str] = (),
+        failover_s: float | None = None,
     ) -> None:
         """``tls_root_certs`` verifies the gateway; ``tls_cert_chain``/``tls_private_key`` are
-        this client's certificate when the gateway requires mutual TLS."""
+        this client's certificate when the gateway requires mutual TLS. ``replicas``: other
+        gateways on the same catalog; calls that are safe to repeat move to the next one when
+        a gateway cannot be reached, for up to ``failover_s`` (default 60 s with replicas, 0
+        without: fail at once), so also across a restart (``clients.failover``)."""
         self.uri = uri
+        window = failover_s if failover_s is not None else (60.0 if replicas else 0.0)
+        self._replicas = Replicas([uri, *replicas], window)
         self._headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._tls: dict[str, bytes] = {}
         if tls_root_certs:
@@ -53,7 +61,6 @@ class HarnessClient:
         self._clients: dict[str, fl.FlightClient] = {}
         self._public_key: str | None = None
         self._lock = threading.Lock()
-        self._flight = self._client(uri)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -82,13 +89,14 @@ class HarnessClient:
 
     def action(self, name: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run a ``harness.*`` action and return its JSON result."""
+        payload = fl.Action(name, json.dumps(body or {}).encode())
+
+        def call(uri: str) -> list[Any]:
+            return list(self._client(uri).do_action(payload, self._options()))
+
         try:
-            results = list(
-                self._flight.do_action(
-                    fl.Action(name, json.dumps(body or {}).encode()), self._options()
-                )
-            )
-        except (fl.FlightError, pa.ArrowException) as e:
+            results = self._replicas.run(call, unsent_only=name not in IDEMPOTENT_ACTIONS)
+        except (fl.FlightError, pa.ArrowException, OSError) as e:
             raise from_flight_error(e) from e
         return json.loads(results[0].body.to_pybytes()) if results else {}
 
@@ -142,32 +150,46 @@ class HarnessClient:
         fields = {"columns": columns, "filter": filter, "version": version, "as_of": as_of}
         fields.update({"limit": limit, "dedupe": dedupe, "sources": sources, "since": since})
         fields["direct"] = direct
+        descriptor = self._descriptor(table, **fields)
         try:
-            return self._flight.get_flight_info(self._descriptor(table, **fields), self._options())
-        except (fl.FlightError, pa.ArrowException) as e:
+            return self._replicas.run(
+                lambda uri: self._client(uri).get_flight_info(descriptor, self._options())
+            )
+        except (fl.FlightError, pa.ArrowException, OSError) as e:
             raise from_flight_error(e) from e
 
     def schema(
         self, table: str, *, columns: Sequence[str] | None = None, version: int | None = None
     ) -> pa.Schema:
+        descriptor = self._descriptor(table, columns=columns, version=version)
         try:
-            return self._flight.get_schema(
-                self._descriptor(table, columns=columns, version=version), self._options()
-            ).schema
-        except (fl.FlightError, pa.ArrowException) as e:
+            return self._replicas.run(
+                lambda uri: self._client(uri).get_schema(descriptor, self._options()).schema
+            )
+        except (fl.FlightError, pa.ArrowException, OSError) as e:
             raise from_flight_error(e) from e
 
-    def _endpoint_client(self, ep: fl.FlightEndpoint) -> fl.FlightClient:
+    @staticmethod
+    def _locations(ep: fl.FlightEndpoint) -> list[str]:
+        """The endpoint's own gateway addresses (none: the one that planned it, or any)."""
+        out = []
         for loc in ep.locations:
             uri = loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
             if uri and not uri.startswith("arrow-flight-reuse-connection"):
-                return self._client(uri)
-        return self._flight
+                out.append(uri)
+        return out
 
     def read_endpoint(self, ep: fl.FlightEndpoint) -> pa.RecordBatchReader:
+        """A stream of the endpoint's batches. Opening it moves to another replica when one is
+        unreachable; a stream cut later raises (``read`` and ``read_batches`` with replicas
+        fetch the endpoint again instead)."""
         try:
-            return self._endpoint_client(ep).do_get(ep.ticket, self._options()).to_reader()
-        except (fl.FlightError, pa.ArrowException) as e:
+            return self._replicas.run(
+                lambda uri: self._client(uri).do_get(ep.ticket, self._options()).to_reader(),
+                prefer=self._locations(ep),
+                unsent_only=True,
+            )
+        except (fl.FlightError, pa.ArrowException, OSError) as e:
             raise from_flight_error(e) from e
 
     @property
@@ -190,12 +212,21 @@ class HarnessClient:
             from clients.direct import run
 
             return run(task)
-        return self._read_all(ep)
+        return self.fetch_endpoint(ep)
 
-    def _read_all(self, ep: fl.FlightEndpoint) -> pa.Table:
+    @property
+    def has_replicas(self) -> bool:
+        return len(self._replicas.uris) > 1
+
+    def fetch_endpoint(self, ep: fl.FlightEndpoint) -> pa.Table:
+        """The whole endpoint; a stream cut mid-way is fetched again from its start (on another
+        replica if need be) and the partial rows are dropped."""
         try:
-            return self._endpoint_client(ep).do_get(ep.ticket, self._options()).read_all()
-        except (fl.FlightError, pa.ArrowException) as e:
+            return self._replicas.run(
+                lambda uri: self._client(uri).do_get(ep.ticket, self._options()).read_all(),
+                prefer=self._locations(ep),
+            )
+        except (fl.FlightError, pa.ArrowException, OSError) as e:
             raise from_flight_error(e) from e
 
     def read(
@@ -237,12 +268,18 @@ class HarnessClient:
         return result
 
     def read_batches(self, table: str, **kwargs: Any) -> Iterator[pa.RecordBatch]:
-        """Stream batches endpoint by endpoint (bounded memory)."""
+        """Stream batches endpoint by endpoint (bounded memory). With ``replicas``, each
+        endpoint is read whole before its batches are yielded, so a stream cut by a dying
+        gateway is fetched again without repeating rows (memory: one endpoint)."""
         limit = kwargs.get("limit")
         info = self.flight_info(table, **kwargs)
         remaining = limit
         for ep in info.endpoints:
-            for batch in self.read_endpoint(ep):
+            if self.has_replicas:
+                batches: Iterator[pa.RecordBatch] = iter(self.fetch_endpoint(ep).to_batches())
+            else:
+                batches = iter(self.read_endpoint(ep))
+            for batch in batches:
                 if remaining is not None:
                     if remaining <= 0:
                         return
@@ -278,13 +315,18 @@ class HarnessClient:
         if source is not None:
             cmd["source"] = source
         descriptor = fl.FlightDescriptor.for_command(json.dumps(cmd).encode())
-        try:
-            writer, reply = self._flight.do_put(descriptor, data.schema, self._options())
+
+        def call(uri: str) -> Any:  # repeated with the same commit id: applied at most once
+            writer, reply = self._client(uri).do_put(descriptor, data.schema, self._options())
             writer.write_table(data)
             writer.done_writing()
             buf = reply.read()
             writer.close()
-        except (fl.FlightError, pa.ArrowException) as e:
+            return buf
+
+        try:
+            buf = self._replicas.run(call)
+        except (fl.FlightError, pa.ArrowException, OSError) as e:
             raise from_flight_error(e) from e
         return dict(json.loads(buf.to_pybytes())) if buf is not None else {}
 
@@ -414,14 +456,17 @@ class HarnessClient:
         from flight_gateway.flightsql.service import pack, pb
 
         command = fl.FlightDescriptor.for_command(pack(pb.CommandStatementQuery(query=query)))
+
+        def call(uri: str) -> pa.Table:  # read-only: planned and fetched again on a failure
+            flight = self._client(uri)
+            info = flight.get_flight_info(command, self._options())
+            parts = [flight.do_get(ep.ticket, self._options()).read_all() for ep in info.endpoints]
+            return pa.concat_tables(parts) if parts else info.schema.empty_table()
+
         try:
-            info = self._flight.get_flight_info(command, self._options())
-            parts = [
-                self._flight.do_get(ep.ticket, self._options()).read_all() for ep in info.endpoints
-            ]
-        except (fl.FlightError, pa.ArrowException) as e:
+            return self._replicas.run(call)
+        except (fl.FlightError, pa.ArrowException, OSError) as e:
             raise from_flight_error(e) from e
-        return pa.concat_tables(parts) if parts else info.schema.empty_table()
 
     def list_locks(self, table: str) -> list[dict[str, Any]]:
         """Granted and queued locks of ``table`` (lock ids only for their owner and admins)."""

@@ -11,10 +11,11 @@ from pyspark.sql.datasource import InputPartition
 def client(options: dict[str, str]) -> Any:
     from clients import HarnessClient
 
-    uri = options.get("uri")
-    if not uri:
-        raise ValueError("harness-flight needs option 'uri' (grpc://host:port)")
-    return HarnessClient(uri, token=options.get("token") or None)
+    uris = [u.strip() for u in (options.get("uri") or "").split(",") if u.strip()]
+    if not uris:
+        raise ValueError("harness-flight needs option 'uri' (grpc://host:port[,replica,...])")
+    # Replicas after the first: safe calls move to another one when a gateway dies.
+    return HarnessClient(uris[0], token=options.get("token") or None, replicas=uris[1:])
 
 
 def read_args(options: dict[str, str], extra_filters: list[str] | None = None) -> dict[str, Any]:

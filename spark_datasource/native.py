@@ -130,10 +130,11 @@ def read_native(
     token: str | None = None,
 ) -> Any:
     """A DataFrame of ``table`` at one pinned version: cold files through Spark's native
-    readers, everything else through ``harness-flight`` (module docstring)."""
-    from clients import HarnessClient
+    readers, everything else through ``harness-flight`` (module docstring). ``uri`` may list
+    replicas after the first, comma-separated."""
+    from spark_datasource.common import client as connect
 
-    with HarnessClient(uri, token=token) as client:
+    with connect({"uri": uri, "token": token or ""}) as client:
         info = client.flight_info(
             table, version=version, columns=columns, filter=filter, direct=True
         )

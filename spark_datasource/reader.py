@@ -41,7 +41,9 @@ def read_partition(
     target = to_arrow_schema(schema, timezone="UTC")
     with client(options) as c:
         ep = fl.FlightEndpoint(partition.ticket, partition.locations)
-        for batch in c.read_endpoint(ep):
+        # With replicas a cut stream is fetched again whole (no row twice); else streamed.
+        batches = c.fetch_endpoint(ep).to_batches() if c.has_replicas else c.read_endpoint(ep)
+        for batch in batches:
             # Spark wants its exact Arrow schema: string (not large), us UTC timestamps.
             yield batch.select(target.names).cast(target) if batch.schema != target else batch
 

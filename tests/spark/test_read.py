@@ -127,3 +127,29 @@ def test_sql_temporary_view(spark, table: dict) -> None:
         "SELECT count(*) AS n, max(id) AS m FROM harness_t WHERE name LIKE 'n1%'"
     ).first()
     assert (row.n, row.m) == (161, 1049)  # n1, n10-n19, n100-n199, n1000-n1049
+
+
+def test_uri_lists_replicas_and_a_dead_one_is_passed_over(spark, tmp_path: Path) -> None:
+    """``uri`` names several gateways on one catalog: planning and every task's DoGet go to a
+    live one (in local mode Spark does not retry a failed task, so the source must)."""
+    from tests.gateway.helpers import running_gateway, write_parquet
+
+    write_parquet(tmp_path / "f" / "a.parquet", data(0, 500))
+    url = f"sqlite:///{tmp_path / 'replicas.db'}"
+    with running_gateway(url) as (live, _):
+        c = HarnessClient(f"grpc://127.0.0.1:{live.port}")
+        c.create_table("r", [{"name": f.name, "type": str(f.type)} for f in data(0, 1).schema])
+        c.add_source(
+            "r", "f", "files", config={"root": str(tmp_path / "f")}, state={"files": ["a.parquet"]}
+        )
+        with running_gateway(url) as (doomed, _):
+            dead = f"grpc://127.0.0.1:{doomed.port}"
+        df = (
+            spark.read.format("harness-flight")
+            .option("uri", f"{dead},grpc://127.0.0.1:{live.port}")
+            .option("table", "r")
+            .load()
+        )
+        got = sorted(r["id"] for r in df.select("id").collect())
+        c.close()
+    assert got == list(range(500))

@@ -1,0 +1,110 @@
+"""Failover between gateway replicas for calls that are safe to repeat.
+
+Replicas share one catalog and one ticket key, so a plan, a ticket or a commit id means the
+same thing on each. A call that failed because its replica is gone (connection refused or
+reset, stream removed) is repeated on the next replica: planning and metadata reads as they
+are, DoGet of a ticket from its start (the caller drops what the cut stream delivered), DoPut
+and commits with their commit id (a repeat of one that landed answers ``applied: false``).
+Calls that are not idempotent (taking a lock, creating a table) are never repeated.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Actions a client may repeat on another replica: reads, and writes keyed by an id.
+IDEMPOTENT_ACTIONS = frozenset(
+    {
+        "harness.list_tables",
+        "harness.describe",
+        "harness.history",
+        "harness.public_key",
+        "harness.list_locks",
+        "harness.commit",  # always carries a commit id
+        "harness.commit_write",  # keyed by its write id
+        "harness.renew_lock",
+        "harness.unlock",
+    }
+)
+
+
+#: gRPC's words for a replica that cannot be reached or went away mid-call. A gateway's own
+#: UNAVAILABLE (a source it cannot reach) has none of them and is not retried elsewhere.
+_TRANSPORT = (
+    "failed to connect",
+    "connection refused",
+    "connection reset",
+    "stream removed",
+    "socket closed",
+    "broken pipe",
+    "goaway",
+    "end of tcp stream",
+)
+
+
+def is_transport_failure(exc: BaseException) -> bool:
+    """The replica could not be reached or went away mid-call (not an answer it gave)."""
+    if not isinstance(exc, (OSError, pa.ArrowException, fl.FlightError)):
+        return False
+    text = str(exc).lower()
+    return "unavailable" in text and any(word in text for word in _TRANSPORT)
+
+
+def never_sent(exc: BaseException) -> bool:
+    """No connection was made, so the gateway never saw the call: safe to send elsewhere."""
+    text = str(exc).lower()
+    return is_transport_failure(exc) and ("failed to connect" in text or "refused" in text)
+
+
+class Replicas:
+    """The gateway addresses a client may use, the first one preferred until it fails."""
+
+    def __init__(self, uris: Sequence[str], window_s: float) -> None:
+        if not uris:
+            raise ValueError("at least one gateway address is needed")
+        self.uris = list(dict.fromkeys(uris))
+        self.window_s = window_s  # how long to keep trying across replicas
+        self._current = 0
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> str:
+        return self.uris[self._current]
+
+    def _next_after(self, failed: str) -> None:
+        with self._lock:
+            if self.uris[self._current] == failed:
+                self._current = (self._current + 1) % len(self.uris)
+
+    def run(
+        self, call: Callable[[str], T], prefer: Sequence[str] = (), *, unsent_only: bool = False
+    ) -> T:
+        """``call(uri)`` on ``prefer`` then the replicas, moving on after transport failures,
+        for up to ``window_s`` (a replica that restarts meanwhile is tried again). With
+        ``unsent_only`` (a call that is not safe to repeat) only after failures to connect."""
+        retryable = never_sent if unsent_only else is_transport_failure
+        deadline = time.monotonic() + self.window_s
+        pause = 0.05
+        while True:
+            order = list(dict.fromkeys([*prefer, self.current, *self.uris]))
+            for uri in order:
+                try:
+                    return call(uri)
+                except Exception as e:
+                    if not retryable(e) or time.monotonic() > deadline:
+                        raise
+                    log.info("gateway %s unreachable (%s); trying another replica", uri, e)
+                    if uri in self.uris:
+                        self._next_after(uri)
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
