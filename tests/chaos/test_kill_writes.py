@@ -24,6 +24,7 @@ from flight_gateway.maintenance import run_once
 from planners.postgres.versioning import enable_versioning, server_now
 from tests.chaos.processes import GatewayProcess
 from tests.gateway.helpers import IcebergFixture
+from tests.gateway.kafka_helpers import new_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SCHEMA = [
@@ -31,14 +32,18 @@ SCHEMA = [
     {"name": "region", "type": "string"},
 ]
 ARROW = pa.schema([pa.field("id", pa.int64(), nullable=False), ("region", pa.string())])
-REGIONS = ("files", "iceberg", "postgres")
+REGIONS = ("files", "iceberg", "postgres", "kafka")
 #: Seconds of kills in the quick mode of ``make test``; the bench's long mode sets more.
 CHAOS_S = float(os.environ.get("HARNESS_CHAOS_S", "15"))
 #: The default write lease is 10 s; allow for a restart and a slow machine.
 RESUME_BOUND_S = 20.0
 
 
-def make_table(client: HarnessClient, tmp_path: Path, pg_dsn: str) -> None:
+def make_table(
+    client: HarnessClient, tmp_path: Path, pg_dsn: str, kafka_bootstrap: str | None = None
+) -> None:
+    """Table ``t`` partitioned by ``region``: one source per writable kind (Kafka when a
+    broker is given)."""
     iceberg = IcebergFixture(tmp_path / "iceberg")
     iceberg.create("chaos", ARROW)
     pg = f"chaos_{uuid.uuid4().hex[:8]}"
@@ -52,6 +57,10 @@ def make_table(client: HarnessClient, tmp_path: Path, pg_dsn: str) -> None:
         "iceberg": (iceberg.source_config("chaos"), {"snapshot_id": None}),
         "postgres": ({"dsn": pg_dsn, "table": pg}, {"as_of": as_of}),
     }
+    if kafka_bootstrap:
+        topic = new_topic(kafka_bootstrap)
+        config = {"bootstrap_servers": kafka_bootstrap, "topic": topic, "partition": 0}
+        configs["kafka"] = (config, {"low": 0, "high": 0})
     client.commit(
         "t",
         add_sources=[
@@ -136,11 +145,11 @@ def run_chaos(gw: GatewayProcess, seconds: float, on_restart: Callable[[float], 
 
 
 def test_kills_during_writes_lose_nothing_duplicate_nothing_and_free_locks(
-    gateway_process: GatewayProcess, tmp_path: Path, pg_dsn: str
+    gateway_process: GatewayProcess, tmp_path: Path, pg_dsn: str, kafka_bootstrap: str
 ) -> None:
     gw = gateway_process
     with HarnessClient(gw.uri) as client:
-        make_table(client, tmp_path, pg_dsn)
+        make_table(client, tmp_path, pg_dsn, kafka_bootstrap)
     stop, stop_reads = threading.Event(), threading.Event()
     writers = [Writer(gw.uri, r, 2000, stop) for r in REGIONS]
     verdicts: list[str] = []

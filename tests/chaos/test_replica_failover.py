@@ -76,14 +76,14 @@ class Load:
 
 
 def test_replica_killed_under_load_loses_and_duplicates_nothing(
-    pg_catalog: str, tmp_path: Path, pg_dsn: str
+    pg_catalog: str, tmp_path: Path, pg_dsn: str, kafka_bootstrap: str
 ) -> None:
     replicas = [GatewayProcess(pg_catalog, tmp_path) for _ in range(2)]
     for r in replicas:
         r.start()
     try:
         with HarnessClient(replicas[0].uri) as client:
-            make_table(client, tmp_path, pg_dsn)
+            make_table(client, tmp_path, pg_dsn, kafka_bootstrap)
         load = Load([r.uri for r in replicas])
         threads = [threading.Thread(target=load.write, args=(n,)) for n in range(WRITERS)]
         threads += [threading.Thread(target=load.read, args=(n,)) for n in range(READERS)]
