@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from flight_gateway.catalog import TableSnapshot
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.errors import InvalidArgument, ResourceExhausted
 from flight_gateway.protocol import ReadRequest, TicketPayload
 from flight_gateway.server.read.model import PlannedRead, SourceReport
 from flight_gateway.server.read.shape import arrow_schema, candidate_sources, column_specs, resolve
@@ -92,14 +92,17 @@ def open(svc: ReadService, snap: TableSnapshot, payload: TicketPayload) -> pa.Re
         # Tasks come in source order (file list, offsets): rank the source as one stream.
         pieces = []
         for t in kind.plan(request):
-            pieces.append(execute(kind, request, t, read).read_all())
-            rows += pieces[-1].num_rows
-            if rows > svc.gw.limits.max_dedupe_rows:
-                raise InvalidArgument(
-                    f"the primary-key view of {snap.table!r} would hold more than "
-                    f"{svc.gw.limits.max_dedupe_rows} rows in one endpoint "
-                    "(limits.max_dedupe_rows): partition the table by its key, or filter on it"
-                )
+            reader = execute(kind, request, t, read)
+            for batch in reader:  # counted batch by batch: the bound holds within a task too
+                rows += batch.num_rows
+                if rows > svc.gw.limits.max_dedupe_rows:
+                    raise ResourceExhausted(
+                        f"the primary-key view of {snap.table!r} would hold more than "
+                        f"{svc.gw.limits.max_dedupe_rows} rows in one endpoint "
+                        "(limits.max_dedupe_rows): partition the table by its key, or filter "
+                        "on it"
+                    )
+                pieces.append(pa.Table.from_batches([batch], schema=reader.schema))
         if pieces:
             parts.append(with_rank(pa.concat_tables(pieces), kind.tier(ref), 0, order_by))
     if not parts:

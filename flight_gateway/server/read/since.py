@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from flight_gateway.catalog import TableSnapshot
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.errors import InvalidArgument, ResourceExhausted
 from flight_gateway.protocol import ReadRequest, TicketPayload
 from flight_gateway.protocol.operations import is_relocation
 from flight_gateway.server.read.model import PlannedRead, SourceReport
@@ -90,7 +90,7 @@ def plan(
 ) -> PlannedRead:
     since = int(req.since or 0)
     if end.version - since > svc.gw.limits.max_since_versions:
-        raise InvalidArgument(
+        raise ResourceExhausted(
             f"since {since} is {end.version - since} versions behind {end.version}, more than "
             f"the gateway's limit of {svc.gw.limits.max_since_versions}: read the table at a "
             "version, then stream from there"
