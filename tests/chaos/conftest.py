@@ -7,7 +7,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.chaos.processes import GatewayProcess
+from benchmarks.processes import GatewayProcess
 
 
 @pytest.fixture

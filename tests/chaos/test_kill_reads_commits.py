@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from benchmarks.chaos_load import make_table, rows
+from benchmarks.processes import ROOT, GatewayProcess
 from clients import HarnessClient
-from tests.chaos.processes import ROOT, GatewayProcess
-from tests.chaos.test_kill_writes import make_table, rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CHAOS_S = float(os.environ.get("HARNESS_CHAOS_S", "15"))

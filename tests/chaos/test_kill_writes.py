@@ -9,69 +9,23 @@ import os
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pytest
 
+from benchmarks.chaos_load import REGIONS, make_table, rows
+from benchmarks.processes import GatewayProcess
 from clients import HarnessClient
 from flight_gateway.catalog import Catalog
 from flight_gateway.maintenance import run_once
-from planners.postgres.versioning import enable_versioning, server_now
-from tests.chaos.processes import GatewayProcess
-from tests.gateway.helpers import IcebergFixture
-from tests.gateway.kafka_helpers import new_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-SCHEMA = [
-    {"name": "id", "type": "int64", "nullable": False},
-    {"name": "region", "type": "string"},
-]
-ARROW = pa.schema([pa.field("id", pa.int64(), nullable=False), ("region", pa.string())])
-REGIONS = ("files", "iceberg", "postgres", "kafka")
 #: Seconds of kills in the quick mode of ``make test``; the bench's long mode sets more.
 CHAOS_S = float(os.environ.get("HARNESS_CHAOS_S", "15"))
 #: The default write lease is 10 s; allow for a restart and a slow machine.
 RESUME_BOUND_S = 20.0
-
-
-def make_table(
-    client: HarnessClient, tmp_path: Path, pg_dsn: str, kafka_bootstrap: str | None = None
-) -> None:
-    """Table ``t`` partitioned by ``region``: one source per writable kind (Kafka when a
-    broker is given)."""
-    iceberg = IcebergFixture(tmp_path / "iceberg")
-    iceberg.create("chaos", ARROW)
-    pg = f"chaos_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{pg}" (id bigint NOT NULL, region text)')
-        enable_versioning(conn, pg)
-        as_of = server_now(conn)
-    client.create_table("t", SCHEMA, partition_by=["region"])
-    configs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-        "files": ({"root": str(tmp_path / "files")}, {"files": []}),
-        "iceberg": (iceberg.source_config("chaos"), {"snapshot_id": None}),
-        "postgres": ({"dsn": pg_dsn, "table": pg}, {"as_of": as_of}),
-    }
-    if kafka_bootstrap:
-        topic = new_topic(kafka_bootstrap)
-        config = {"bootstrap_servers": kafka_bootstrap, "topic": topic, "partition": 0}
-        configs["kafka"] = (config, {"low": 0, "high": 0})
-    client.commit(
-        "t",
-        add_sources=[
-            {"name": r, "kind": r, "partition": {"region": r}, "config": c, "state": s}
-            for r, (c, s) in configs.items()
-        ],
-    )
-
-
-def rows(region: str, first: int, n: int) -> pa.Table:
-    return pa.table({"id": range(first, first + n), "region": [region] * n}, schema=ARROW)
 
 
 def put_until_acknowledged(uri: str, region: str, data: pa.Table, commit_id: str) -> float:

@@ -74,6 +74,14 @@ class GatewayProcess:
             self.proc.wait(10)
             self.kills += 1
 
+    def rss_mb(self) -> float:
+        """Resident memory of the running process (Linux /proc), MB."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

@@ -1,0 +1,151 @@
+"""A table with one source per writable kind, and a load of writers and readers that checks
+every read: shared by the chaos tests (tests/chaos) and the chaos benchmark."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from clients import HarnessClient
+
+SCHEMA = [
+    {"name": "id", "type": "int64", "nullable": False},
+    {"name": "region", "type": "string"},
+]
+ARROW = pa.schema([pa.field("id", pa.int64(), nullable=False), ("region", pa.string())])
+REGIONS = ("files", "iceberg", "postgres", "kafka")
+
+
+def make_table(
+    client: HarnessClient, root: Path, pg_dsn: str, kafka_bootstrap: str | None = None
+) -> None:
+    """Table ``t`` partitioned by ``region``: files, Iceberg, versioned Postgres and (when a
+    broker is given) Kafka sources, all empty."""
+    import psycopg
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from planners.postgres.versioning import enable_versioning, server_now
+
+    (root / "warehouse").mkdir(parents=True, exist_ok=True)
+    props = {"uri": f"sqlite:///{root / 'iceberg.db'}", "warehouse": f"file://{root / 'warehouse'}"}
+    iceberg = SqlCatalog("default", **props)
+    iceberg.create_namespace_if_not_exists("db")
+    iceberg.create_table("db.chaos", schema=ARROW)
+    pg = f"chaos_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{pg}" (id bigint NOT NULL, region text)')
+        enable_versioning(conn, pg)
+        as_of = server_now(conn)
+    configs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+        "files": ({"root": str(root / "files")}, {"files": []}),
+        "iceberg": (
+            {"catalog": {"type": "sql", **props}, "identifier": "db.chaos"},
+            {"snapshot_id": None},
+        ),
+        "postgres": ({"dsn": pg_dsn, "table": pg}, {"as_of": as_of}),
+    }
+    if kafka_bootstrap:
+        config = {"bootstrap_servers": kafka_bootstrap, "topic": _topic(kafka_bootstrap)}
+        configs["kafka"] = ({**config, "partition": 0}, {"low": 0, "high": 0})
+    client.create_table("t", SCHEMA, partition_by=["region"])
+    client.commit(
+        "t",
+        add_sources=[
+            {"name": r, "kind": r, "partition": {"region": r}, "config": c, "state": s}
+            for r, (c, s) in configs.items()
+        ],
+    )
+
+
+def _topic(bootstrap: str) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"chaos-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)]).values():
+        f.result(30)
+    return name
+
+
+def rows(region: str, first: int, n: int) -> pa.Table:
+    return pa.table({"id": range(first, first + n), "region": [region] * n}, schema=ARROW)
+
+
+class Load:
+    """Writers append batches of fresh ids through clients that know every replica; readers
+    check each read against what was acknowledged before it began (no row twice, none
+    missing). Latencies are kept for the benchmark."""
+
+    def __init__(self, uris: list[str], regions: tuple[str, ...] = REGIONS, batch: int = 100):
+        self.uris, self.regions, self.batch = uris, regions, batch
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.acked: set[int] = set()
+        self.errors: list[str] = []
+        self.commit_s: list[float] = []
+        self.read_s: list[float] = []
+
+    def client(self, n: int) -> HarnessClient:
+        first = n % len(self.uris)  # spread clients over the replicas
+        order = self.uris[first:] + self.uris[:first]
+        return HarnessClient(order[0], replicas=order[1:], failover_s=60)
+
+    def write(self, n: int) -> None:
+        region = self.regions[n % len(self.regions)]
+        with self.client(n) as client:
+            for i in range(10**6):
+                if self.stop.is_set():
+                    return
+                first = (n * 10**6 + i) * self.batch
+                started = time.perf_counter()
+                try:
+                    client.put("t", rows(region, first, self.batch), source=region)
+                except Exception as e:  # failover gave up
+                    self.errors.append(f"writer {n}: {type(e).__name__}: {e}")
+                    return
+                with self.lock:
+                    self.commit_s.append(time.perf_counter() - started)
+                    self.acked.update(range(first, first + self.batch))
+
+    def read(self, n: int) -> None:
+        with self.client(n) as client:
+            while not self.stop.is_set():
+                with self.lock:
+                    before = set(self.acked)
+                started = time.perf_counter()
+                try:
+                    ids = client.read("t", columns=["id"]).column("id").to_pylist()
+                except Exception as e:
+                    self.errors.append(f"reader {n}: {type(e).__name__}: {e}")
+                    return
+                took = time.perf_counter() - started
+                if len(ids) != len(set(ids)):
+                    self.errors.append(f"reader {n}: {len(ids) - len(set(ids))} rows twice")
+                if missing := before - set(ids):
+                    self.errors.append(f"reader {n}: {len(missing)} acknowledged rows missing")
+                with self.lock:
+                    self.read_s.append(took)
+
+    def run(self, writers: int, readers: int) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self.write, args=(n,)) for n in range(writers)]
+        threads += [threading.Thread(target=self.read, args=(n,)) for n in range(readers)]
+        for t in threads:
+            t.start()
+        return threads
+
+    def finish(self, threads: list[threading.Thread]) -> None:
+        self.stop.set()
+        for t in threads:
+            t.join(180)
+
+
+def percentile_ms(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return values[0] * 1000 if values else float("nan")
+    return statistics.quantiles(values, n=100)[q - 1] * 1000
