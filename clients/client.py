@@ -25,6 +25,12 @@ from flight_gateway.protocol.messages import parse_timestamp
 
 log = logging.getLogger(__name__)
 
+#: gRPC hands Flight message bodies over zero-copy at whatever offset the protobuf framing puts
+#: them, so value buffers are often not aligned to their type's width (Acero then warns "An input
+#: buffer was poorly aligned" when the table is scanned, e.g. by DuckDB). The IPC reader copies
+#: only the buffers that are misaligned, once, as the batches are decoded.
+_READ_OPTIONS = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.DataTypeSpecific)
+
 
 class HarnessClient:
     """Client of one gateway (``grpc://host:port``); endpoints on other replicas are followed."""
@@ -73,7 +79,9 @@ class HarnessClient:
             return c
 
     def _options(self) -> fl.FlightCallOptions:
-        return fl.FlightCallOptions(headers=self._headers, timeout=self._timeout)
+        return fl.FlightCallOptions(
+            headers=self._headers, timeout=self._timeout, read_options=_READ_OPTIONS
+        )
 
     def close(self) -> None:
         with self._lock:
