@@ -11,6 +11,10 @@ applied as Spark SQL, ``_source`` as a literal. Every other task (hot sources: K
 endpoints of the same plan, so both halves read the same pinned version; the result is their
 ``unionByName``.
 
+Planning is one gateway call: the files of all direct tasks with the same shape and physical
+layout are one native read, given its read schema (from the files' footers the driver reads
+anyway), so Spark neither infers a schema nor lists anything before the scan.
+
 ``register_native_view(spark, name, ...)`` registers the result as a temporary view for Spark
 SQL. The view is pinned: it reads the version planned when it was registered.
 """
@@ -27,8 +31,12 @@ log = logging.getLogger(__name__)
 _FIELD_ID = b"PARQUET:field_id"
 
 
-def _physical_names(path: str, columns: Sequence[Any]) -> tuple[str | None, ...]:
-    """The file's column for each harness column (by field id, else by any of its names)."""
+Layout = tuple[tuple[str | None, ...], tuple[tuple[str, str], ...]]
+
+
+def _layout(path: str, columns: Sequence[Any]) -> Layout:
+    """The file's column for each harness column (by field id, else by any of its names), and
+    the read schema: those physical columns with the file's types (so Spark infers nothing)."""
     import pyarrow.parquet as pq
 
     from clients.direct import _filesystem
@@ -45,7 +53,22 @@ def _physical_names(path: str, columns: Sequence[Any]) -> tuple[str | None, ...]
             out.append(by_id[c.field_id])
         else:
             out.append(next((n for n in c.names if n in names), None))
-    return tuple(out)
+    read = tuple((n, str(schema.field(n).type)) for n in dict.fromkeys(o for o in out if o))
+    return tuple(out), read
+
+
+def _read_schema(read: tuple[tuple[str, str], ...]) -> Any:
+    """A Spark schema for the physical columns, or None when a type has no Spark twin (Spark
+    then infers it from the files)."""
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+
+    from flight_gateway.arrow_types import parse_type
+
+    try:
+        return StructType([StructField(n, from_arrow_type(parse_type(t))) for n, t in read])
+    except Exception:  # e.g. unsigned integers: let Spark read the footer
+        return None
 
 
 def _spark_filter(text: str | None) -> str | None:
@@ -57,13 +80,18 @@ def _spark_filter(text: str | None) -> str | None:
     return str(sqlglot.transpile(text, write="spark")[0])
 
 
-def _conformed(spark: Any, task: Any, files: list[str], physical: tuple[str | None, ...]) -> Any:
+def _conformed(spark: Any, task: Any, files: list[str], layout: Layout) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type
 
     from flight_gateway.arrow_types import parse_type
 
-    df = spark.read.format(task.format).load(files)
+    physical, read = layout
+    reader = spark.read.format(task.format)
+    schema = _read_schema(read) if read and task.format == "parquet" else None
+    if schema is not None:  # no schema inference: Spark would read a footer in a job first
+        reader = reader.schema(schema)
+    df = reader.load(files)
     cols = []
     for c, phys in zip(task.columns, physical, strict=True):
         spark_type = from_arrow_type(parse_type(c.type))
@@ -80,23 +108,21 @@ def _conformed(spark: Any, task: Any, files: list[str], physical: tuple[str | No
 
 def _direct_frames(spark: Any, tasks: list[Any]) -> list[Any]:
     """One native read per group of files that share a task shape and a physical layout."""
-    groups: dict[tuple[str, tuple[str | None, ...]], tuple[Any, list[str]]] = {}
+    groups: dict[tuple[str, Layout], tuple[Any, list[str]]] = {}
     for task in tasks:
-        shape = json.dumps(
-            {k: v for k, v in task.to_json().items() if k not in ("files", "expires_at")},
+        shape = json.dumps(  # what the conforming depends on (not the files, nor the expiry)
+            {k: v for k, v in task.to_json().items() if k not in ("files", "exp")},
             sort_keys=True,
             default=str,
         )
         for f in task.files:
-            physical = (
-                _physical_names(f, task.columns)
+            layout: Layout = (
+                _layout(f, task.columns)
                 if task.format == "parquet"
-                else tuple(c.name for c in task.columns)
+                else (tuple(c.name for c in task.columns), ())
             )
-            groups.setdefault((shape, physical), (task, []))[1].append(f)
-    return [
-        _conformed(spark, task, files, physical) for (_, physical), (task, files) in groups.items()
-    ]
+            groups.setdefault((shape, layout), (task, []))[1].append(f)
+    return [_conformed(spark, task, files, layout) for (_, layout), (task, files) in groups.items()]
 
 
 def _flight_frame(spark: Any, uri: str, table: str, token: str | None, endpoints: list[Any]) -> Any:
