@@ -63,6 +63,9 @@ class KafkaIngester:
                 "group.id": group_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                # The broker answers a fetch when data arrives or after this wait: keep it
+                # below the commit interval, or it bounds how fresh a commit can be.
+                "fetch.wait.max.ms": max(10, min(500, int(interval_s * 250))),
             }
         )
         self.consumer.assign([TopicPartition(topic, p, start[p]) for p in self.sources])
@@ -126,7 +129,10 @@ class KafkaIngester:
         last = time.monotonic()
         try:
             while not stop.is_set():
-                self.poll()
+                # A batch poll waits its whole timeout unless it fills: never past the next
+                # commit, or messages would wait for the poll on top of the interval.
+                left = self.interval_s - (time.monotonic() - last)
+                self.poll(min(0.2, max(0.005, left)))
                 if time.monotonic() - last >= self.interval_s:
                     self.commit()
                     self._seen.clear()
