@@ -4,7 +4,9 @@ Config: ``catalog`` (pyiceberg catalog properties, e.g. ``{"type": "sql", "uri":
 "warehouse": ...}``), optional ``catalog_name``, and ``identifier`` (``"db.table"``).
 State: ``{"snapshot_id": int | null}`` (null: the table had no snapshot, so no rows).
 Planning runs pyiceberg's ``plan_files`` with the row filter and groups data files into tasks;
-reading runs ``ArrowScan`` over the task's files (position deletes applied by pyiceberg).
+reading runs ``ArrowScan`` over the task's files (position deletes applied by pyiceberg) and
+applies equality deletes by data sequence number (``planners.iceberg_mor``: each delete file
+decoded once per process, one anti-join per group of data files sharing delete files).
 
 Writes: DoPut appends one snapshot tagged with the commit id (a retry reuses it); engines write
 Parquet files that are registered with one ``add_files`` (overwrite and compaction delete the
@@ -34,6 +36,8 @@ from planners.common import (
     physical_names,
     pushdown,
 )
+from planners.iceberg_mor import Planned, read_task
+from planners.iceberg_mor import plan as plan_with_deletes
 from planners.kind import (
     ALLOW_ALL,
     Additive,
@@ -54,7 +58,7 @@ from planners.predicates import nan_safe
 from planners.predicates.iceberg import to_iceberg
 
 _catalogs: dict[str, Any] = {}
-_plans: OrderedDict[str, tuple[Any, dict[str, str], list[Any]]] = OrderedDict()
+_plans: OrderedDict[str, tuple[Any, dict[str, str], Planned]] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -207,9 +211,12 @@ def _floating(schema: Any) -> set[str]:
     return {f.name for f in schema.fields if isinstance(f.field_type, (FloatType, DoubleType))}
 
 
-def task_files(tasks: Sequence[Any]) -> list[str]:
-    """Data and delete files of pyiceberg ``FileScanTask``s."""
-    return [t.file.file_path for t in tasks] + [d.file_path for t in tasks for d in t.delete_files]
+def task_files(tasks: Sequence[Any], planned: Planned | None = None) -> list[str]:
+    """Data, position delete and equality delete files of pyiceberg ``FileScanTask``s."""
+    out = [t.file.file_path for t in tasks] + [d.file_path for t in tasks for d in t.delete_files]
+    if planned is not None:
+        out += [d.file_path for t in tasks for d in planned.deletes_for(t.file.file_path)]
+    return list(dict.fromkeys(out))
 
 
 def lineage_after(
@@ -259,9 +266,10 @@ class IcebergKind(SourceKind):
 
     # ------------------------------------------------------------------ reading
 
-    def _scan(self, request: ScanRequest) -> tuple[Any, dict[str, str], list[Any]]:
-        """(scan, name mapping, planned FileScanTasks), cached per pinned request: a snapshot
-        never changes, so DoGet calls reuse the plan without reloading table metadata."""
+    def _scan(self, request: ScanRequest) -> tuple[Any, dict[str, str], Planned]:
+        """(scan, name mapping, planned FileScanTasks with their equality deletes), cached per
+        pinned request: a snapshot never changes, so DoGet calls reuse the plan without
+        reloading table metadata."""
         src = request.source
         snap_id = _snapshot_id(src.name, src.state)
         key = json.dumps(
@@ -293,14 +301,20 @@ class IcebergKind(SourceKind):
         if pred is not None:
             # Iceberg bounds leave NaN out; the gateway applies the exact predicate after.
             pred, _ = nan_safe(pred, _floating(schema))
+        # With no requested column in this table, still read one so row counts (and deletes)
+        # are right; conform then yields nulls for every requested column.
+        selected = tuple(sorted(set(mapping.values()))) or (schema.fields[0].name,)
         scan = table.scan(
-            row_filter=to_iceberg(pred),
-            # With no requested column in this table, still read one so row counts (and
-            # deletes) are right; conform then yields nulls for every requested column.
-            selected_fields=tuple(sorted(set(mapping.values()))) or (schema.fields[0].name,),
-            snapshot_id=snap_id,
+            row_filter=to_iceberg(pred), selected_fields=selected, snapshot_id=snap_id
         )
-        result = (scan, mapping, list(scan.plan_files()))
+        planned = plan_with_deletes(scan)
+        keys = {schema.find_field(i).name for i in planned.key_field_ids()} - set(selected)
+        if keys:  # equality deletes match on key columns the read must then carry too
+            selected = tuple(sorted({*selected, *keys}))
+            scan = table.scan(
+                row_filter=to_iceberg(pred), selected_fields=selected, snapshot_id=snap_id
+            )
+        result = (scan, mapping, planned)
         with _lock:
             _plans[key] = result
             while len(_plans) > 256:
@@ -315,29 +329,26 @@ class IcebergKind(SourceKind):
     def plan(self, request: ScanRequest) -> list[ScanTask]:
         if _snapshot_id(request.source.name, request.source.state) is None:
             return []
-        _, _, tasks = self._scan(request)
-        request.check_files("data file", task_files(tasks))
+        _, _, planned = self._scan(request)
+        tasks = planned.tasks
+        request.check_files("data file", task_files(tasks, planned))
         return self._tasks(
             request, [(t.file.file_path, int(t.file.file_size_in_bytes)) for t in tasks]
         )
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
-        from pyiceberg.io.pyarrow import ArrowScan
-
         cols = request.columns
         if _snapshot_id(request.source.name, request.source.state) is None:
             return empty_reader(cols)
-        scan, mapping, tasks = self._scan(request)
+        scan, mapping, planned = self._scan(request)
         wanted = set(task.payload["files"])
-        mine = [t for t in tasks if t.file.file_path in wanted]
+        mine = [t for t in planned.tasks if t.file.file_path in wanted]
         if len(mine) != len(wanted):
             raise NotFound(
                 f"source {request.source.name!r}: ticket names data files not in snapshot"
             )
-        request.check_files("data file", task_files(mine))  # before the stream starts
-        batches = ArrowScan(
-            scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive
-        ).to_record_batches(mine)
+        request.check_files("data file", task_files(mine, planned))  # before the stream starts
+        batches = read_task(scan, planned, mine)
         return conform(batches, cols, mapping)
 
     def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> EngineScan | None:
@@ -346,10 +357,11 @@ class IcebergKind(SourceKind):
     def direct_files(self, request: ScanRequest, task: ScanTask) -> DirectFiles | None:
         if _snapshot_id(request.source.name, request.source.state) is None:
             return None
-        scan, mapping, tasks = self._scan(request)
+        scan, mapping, planned = self._scan(request)
         wanted = set(task.payload["files"])
-        mine = [t for t in tasks if t.file.file_path in wanted]
-        if len(mine) != len(wanted) or any(t.delete_files for t in mine):
+        mine = [t for t in planned.tasks if t.file.file_path in wanted]
+        deletes = any(t.delete_files or planned.deletes_for(t.file.file_path) for t in mine)
+        if len(mine) != len(wanted) or deletes:
             return None  # deletes must be applied: the gateway reads this task
         if any("PARQUET" not in str(t.file.file_format).upper() for t in mine):
             return None  # ORC/Avro data files: read through the gateway
@@ -380,8 +392,8 @@ class IcebergKind(SourceKind):
         for snap in lineage_after(table, since, until)[0]:
             if not ops.snapshot_is_relocation(snapshot_properties(snap)):
                 files.update(added_data_files(table, snap))
-        _, _, tasks = self._scan(request)
-        sizes = [(t.file.file_path, int(t.file.file_size_in_bytes)) for t in tasks]
+        _, _, planned = self._scan(request)
+        sizes = [(t.file.file_path, int(t.file.file_size_in_bytes)) for t in planned.tasks]
         return self._tasks(request, [(p, n) for p, n in sizes if p in files]) if files else []
 
     # ------------------------------------------------------------------ writing

@@ -60,7 +60,11 @@ def _producer(bootstrap_servers: str) -> Any:
         producer = _PRODUCERS.get(bootstrap_servers)
         if producer is None:
             producer = Producer(
-                {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 5},
+                {
+                    "bootstrap.servers": bootstrap_servers,
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                },
                 logger=log,  # librdkafka's own lines (a broker going away) as log records
             )
             _PRODUCERS[bootstrap_servers] = producer
