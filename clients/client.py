@@ -315,13 +315,23 @@ class HarnessClient:
         return con.from_arrow(data)
 
     def put(
-        self, table: str, data: pa.Table, *, commit_id: str | None = None, source: str | None = None
+        self,
+        table: str,
+        data: pa.Table,
+        *,
+        commit_id: str | None = None,
+        source: str | None = None,
+        merge: bool = False,
     ) -> dict[str, Any]:
         """Upload rows (DoPut): routed by partition values (or to ``source``), one commit.
-        Pass the same ``commit_id`` when retrying after an error: it never writes twice."""
+        Pass the same ``commit_id`` when retrying after an error: it never writes twice.
+        ``merge``: rows upsert by the table's primary key, or delete it where a ``_op`` column
+        says ``'delete'``; the last operation per key in the upload wins."""
         cmd: dict[str, Any] = {"table": table, "commit_id": commit_id or uuid.uuid4().hex}
         if source is not None:
             cmd["source"] = source
+        if merge:
+            cmd["mode"] = "merge"
         descriptor = fl.FlightDescriptor.for_command(json.dumps(cmd).encode())
 
         def call(uri: str) -> Any:  # repeated with the same commit id: applied at most once

@@ -35,6 +35,7 @@ from planners.common import (
     group_by_size,
     physical_names,
     pushdown,
+    to_physical,
 )
 from planners.iceberg_mor import Planned, read_task
 from planners.iceberg_mor import plan as plan_with_deletes
@@ -412,6 +413,32 @@ class IcebergKind(SourceKind):
             snapshot_properties={ops.SNAP_COMMIT_ID: ctx.commit_id},
         )
         return {**src.state, "snapshot_id": table.current_snapshot().snapshot_id}
+
+    def merge(
+        self, ctx: AppendContext, upserts: pa.Table, deletes: pa.Table, key: Sequence[str]
+    ) -> dict[str, Any]:
+        """One snapshot: the upserted rows as data files, and one equality delete file with
+        every key touched (upserted or deleted), which hides their older rows only: an
+        equality delete applies to lower data sequence numbers (``planners.iceberg_deletes``)."""
+        from planners.iceberg_deletes import write_changes
+
+        src = ctx.source
+        table = load_table(src.config, ctx.guard)
+        for snap in lineage_after(table, _snapshot_id(src.name, src.state))[0]:
+            if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == ctx.commit_id:
+                return {**src.state, "snapshot_id": snap.snapshot_id}  # a retry
+        schema = table.schema()
+        touched = pa.concat_tables([upserts.select(list(key)), deletes.select(list(key))])
+        touched = to_physical(touched, [f.name for f in schema.fields], ctx.aliases)
+        data = fit_to_schema(upserts, schema.as_arrow(), ctx.aliases) if upserts.num_rows else None
+        sid = write_changes(
+            table,
+            data=data,
+            deletes=touched,
+            equality_ids=[schema.find_field(n).field_id for n in touched.column_names],
+            snapshot_properties={ops.SNAP_COMMIT_ID: ctx.commit_id},
+        )
+        return {**src.state, "snapshot_id": sid}
 
     def staging_location(self, source: SourceRef, write_id: str) -> str:
         return f"{load_table(source.config).location().rstrip('/')}/data/spark-{write_id}"

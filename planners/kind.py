@@ -370,6 +370,18 @@ class Appendable(Protocol):
 
 
 @runtime_checkable
+class Merges(Protocol):
+    """DoPut with row operations (``mode: "merge"``): ``upserts`` replace every earlier row of
+    their primary key ``key`` (harness names), ``deletes`` (the key columns only) remove every
+    row of theirs; at most one row per key in each. One new state, idempotent by
+    ``ctx.commit_id`` like ``append``."""
+
+    def merge(
+        self, ctx: AppendContext, upserts: pa.Table, deletes: pa.Table, key: Sequence[str]
+    ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
 class AdoptsFiles(Protocol):
     """Engines write Parquet files into ``staging_location`` (executors of a Spark write, a
     compaction job); ``adopt_files`` makes them part of the source's new state in one step

@@ -32,8 +32,9 @@ from flight_gateway.protocol import operations as ops
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.context import Gateway
 from flight_gateway.server.lease import leased
+from flight_gateway.server.merge import last_per_key, mode, with_ops
 from flight_gateway.server.sources import bind, guard
-from planners.kind import Appendable, AppendContext
+from planners.kind import Appendable, AppendContext, Merges
 from planners.predicates import coerce
 from planners.registry import get_kind
 
@@ -194,9 +195,12 @@ def _command(command: Mapping[str, Any]) -> tuple[str, str, str | None]:
 class _Appender:
     """Appends the routed parts under one lock and publishes them in one commit."""
 
-    def __init__(self, gw: Gateway, table: str, commit_id: str, lock_id: str) -> None:
+    def __init__(
+        self, gw: Gateway, table: str, commit_id: str, lock_id: str, merge: bool = False
+    ) -> None:
         self.gw, self.catalog = gw, gw.catalog
         self.table, self.commit_id, self.lock_id = table, commit_id, lock_id
+        self.merge = merge
         self.markers: dict[str, Any] = {}
 
     def _intent(self, snap: TableSnapshot, source: str) -> tuple[Any, Any]:
@@ -229,7 +233,13 @@ class _Appender:
             ctx = AppendContext(
                 ref, self.commit_id, aliases, intent, record, self.table, guard(self.gw, ref.kind)
             )
-            updates.append({"source": name, "state": kind.append(ctx, part)})
+            if self.merge:
+                assert isinstance(kind, Merges)
+                upserts, deletes = last_per_key(part, snap.primary_key)
+                state = kind.merge(ctx, upserts, deletes, snap.primary_key)
+            else:
+                state = kind.append(ctx, part)
+            updates.append({"source": name, "state": state})
         return updates
 
 
@@ -242,10 +252,16 @@ def do_put(
     if done is not None:
         return {"version": done, "applied": False, "rows": 0}
     snap = catalog.describe(table)
-    rows = _validate(snap, data)
+    merge = mode(command) == "merge"
+    rows = with_ops(snap, data, _validate) if merge else _validate(snap, data)
     parts = route(snap, rows, source)
     if not parts:
         raise InvalidArgument("nothing to write: the upload has no rows")
+    if merge:
+        for name in parts:
+            s = snap.source(name)
+            if not isinstance(get_kind(s.kind), Merges):
+                raise InvalidArgument(f"source {name!r} ({s.kind}) does not take upserts/deletes")
     with leased(
         catalog,
         table,
@@ -258,7 +274,7 @@ def do_put(
         if done is not None:
             return {"version": done, "applied": False, "rows": 0}
         snap = catalog.describe(table)  # fresh states under the lock
-        appender = _Appender(gw, table, commit_id, grant.lock_id)
+        appender = _Appender(gw, table, commit_id, grant.lock_id, merge)
         updates = appender.append(snap, parts)
         res = catalog.commit(
             table,
@@ -266,7 +282,12 @@ def do_put(
             lock_id=grant.lock_id,
             updates=updates,
             external_state=appender.markers or None,
-            summary={ops.OPERATION: ops.DOPUT, "rows": rows.num_rows, "sources": sorted(parts)},
+            summary={
+                ops.OPERATION: ops.DOPUT,
+                "rows": rows.num_rows,
+                "sources": sorted(parts),
+                **({"merge": True} if merge else {}),
+            },
         )
     log.info(
         "DoPut %s into %s: %d rows -> version %d", commit_id, table, rows.num_rows, res.version

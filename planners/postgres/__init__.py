@@ -409,6 +409,17 @@ class PostgresKind(SourceKind):
         as_of = copy_rows(config, ctx.source.name, ctx.commit_id, rows, ctx.aliases)
         return {**ctx.source.state, "as_of": as_of}
 
+    def merge(
+        self, ctx: AppendContext, upserts: pa.Table, deletes: pa.Table, key: Sequence[str]
+    ) -> dict[str, Any]:
+        from planners.postgres.writes import merge_rows
+
+        config: PostgresConfig = self.parse_config(ctx.source)
+        as_of = merge_rows(
+            config, ctx.source.name, ctx.commit_id, upserts, deletes, ctx.aliases, key
+        )
+        return {**ctx.source.state, "as_of": as_of}
+
     def apply_additive(self, source: SourceRef, changes: Sequence[Additive]) -> None:
         from planners.postgres.writes import alter_tables
 

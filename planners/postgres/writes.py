@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from flight_gateway.errors import InvalidArgument
 from planners.common import to_physical
 from planners.kind import Additive
 from planners.postgres import PostgresConfig
@@ -67,6 +68,86 @@ def copy_rows(
                 with conn.cursor().copy(f"COPY {config.qualified()} ({cols}) FROM STDIN") as copy:
                     for row in data.to_pylist():
                         copy.write_row(tuple(row.values()))
+                conn.execute(
+                    "INSERT INTO harness_doput_log (commit_id, source) VALUES (%s, %s)",
+                    (commit_id, source),
+                )
+        return server_now(conn)  # after the rows committed
+
+
+def _copy(conn: Any, target: str, data: pa.Table) -> None:
+    cols = ", ".join(quote_ident(c) for c in data.column_names)
+    with conn.cursor().copy(f"COPY {target} ({cols}) FROM STDIN") as copy:
+        for row in data.to_pylist():
+            copy.write_row(tuple(row.values()))
+
+
+def _staged(conn: Any, config: PostgresConfig, name: str, data: pa.Table) -> str:
+    """``data`` COPYed into a temporary table shaped like the target's columns."""
+    cols = ", ".join(quote_ident(c) for c in data.column_names)
+    conn.execute(
+        f"CREATE TEMP TABLE {name} ON COMMIT DROP AS "
+        f"SELECT {cols} FROM {config.qualified()} WITH NO DATA"
+    )
+    _copy(conn, name, data)
+    return name
+
+
+def merge_rows(
+    config: PostgresConfig,
+    source: str,
+    commit_id: str,
+    upserts: pa.Table,
+    deletes: pa.Table,
+    aliases: Mapping[str, tuple[str, ...]],
+    key: Sequence[str],
+) -> str:
+    """Upsert (``INSERT ... ON CONFLICT (key) DO UPDATE``) and delete by key in one transaction
+    with the commit id logged (a retry writes nothing), through staged temporary tables; the
+    versioning triggers keep the replaced and deleted rows in history. The table needs a
+    primary key or unique constraint on ``key``. Returns the next ``as_of``."""
+    import psycopg
+
+    with psycopg.connect(config.dsn) as conn:
+        ensure_current(conn, config.schema)
+        _ensure_log(conn)
+        with conn.transaction():
+            done = conn.execute(
+                "SELECT 1 FROM harness_doput_log WHERE commit_id = %s AND source = %s",
+                (commit_id, source),
+            ).fetchone()
+            if done is None:
+                existing = _existing_columns(conn, config)
+                phys_key = to_physical(pa.table({k: [] for k in key}), existing, aliases)
+                keys = ", ".join(quote_ident(k) for k in phys_key.column_names)
+                if deletes.num_rows:
+                    gone = _staged(
+                        conn, config, "harness_deletes", to_physical(deletes, existing, aliases)
+                    )
+                    match = " AND ".join(
+                        f"t.{quote_ident(k)} = d.{quote_ident(k)}" for k in phys_key.column_names
+                    )
+                    conn.execute(f"DELETE FROM {config.qualified()} t USING {gone} d WHERE {match}")
+                if upserts.num_rows:
+                    data = to_physical(upserts, existing, aliases)
+                    new = _staged(conn, config, "harness_upserts", data)
+                    cols = ", ".join(quote_ident(c) for c in data.column_names)
+                    update = ", ".join(
+                        f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}"
+                        for c in data.column_names
+                        if c not in phys_key.column_names
+                    )
+                    action = f"DO UPDATE SET {update}" if update else "DO NOTHING"
+                    try:
+                        conn.execute(
+                            f"INSERT INTO {config.qualified()} ({cols}) SELECT {cols} FROM {new} "
+                            f"ON CONFLICT ({keys}) {action}"
+                        )
+                    except psycopg.errors.InvalidColumnReference as e:
+                        raise InvalidArgument(
+                            f"source {source!r}: upserts need a primary key or unique "
+                            f"constraint on ({keys}) in {config.qualified()}"
+                        ) from e
                 conn.execute(
                     "INSERT INTO harness_doput_log (commit_id, source) VALUES (%s, %s)",
                     (commit_id, source),
