@@ -114,3 +114,14 @@ def test_each_delete_file_is_decoded_once_per_read(
     assert len(info.endpoints) >= 3  # one task per data file, most with deletes to apply
     client.read("t")
     assert len(decoded) == len(set(decoded)) == 2  # two equality delete files in the table
+
+
+@pytest.mark.slow
+def test_quick_bench_runs_and_agrees_with_duckdb() -> None:
+    """``benchmarks/bench_merge_on_read.py`` in quick mode (it asserts the harness, the naive
+    plan and DuckDB count the same rows); no timing is asserted here."""
+    from benchmarks import bench_merge_on_read
+
+    rows = {r["case"]: r for r in bench_merge_on_read.run(quick=True)}
+    assert rows["upserts read back: keys appearing twice"]["value"] == 0
+    assert any(c.endswith(": harness vs naive") for c in rows)
