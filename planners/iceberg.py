@@ -465,7 +465,10 @@ class IcebergKind(SourceKind):
             if replace:
                 tx.delete(AlwaysTrue(), snapshot_properties=props)
             if files:
-                tx.add_files(list(files), snapshot_properties=props)
+                try:
+                    tx.add_files(list(files), snapshot_properties=props)
+                except ValueError as e:  # the files do not fit the table (types, names)
+                    raise InvalidArgument(f"source {source.name!r}: cannot adopt files: {e}") from e
         table.refresh()
         snap = table.current_snapshot()
         return {**source.state, "snapshot_id": snap.snapshot_id if snap else None}

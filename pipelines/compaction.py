@@ -1,0 +1,67 @@
+"""Compaction without Spark: rewrite one source's rows as a few Parquet files in one harness
+commit, through the gateway's engine-write actions (any kind that adopts files; the Spark
+job is ``pipelines.spark_jobs.compact``).
+
+The rows are read through the gateway at one pinned version, so row-level deletes (Iceberg
+position and equality deletes) are applied: the rewritten files hold no deleted row, and the
+delete files no longer apply to anything (Iceberg applies an equality delete to data of a
+lower sequence number only). The commit is a relocation, so streaming readers do not see the
+rows again; readers pinned to older versions keep reading the old files.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from clients import HarnessClient
+from pipelines.movers import MoveResult
+from planners.common import filesystem
+
+log = logging.getLogger(__name__)
+
+
+def _strict(data: pa.Table) -> pa.Table:
+    """Columns without nulls as required fields: a source may declare them required (an
+    Iceberg key column) while the harness column is nullable; required data fits both."""
+    fields = [
+        f.with_nullable(f.nullable and data.column(f.name).null_count > 0) for f in data.schema
+    ]
+    return data.cast(pa.schema(fields))
+
+
+def compact(
+    client: HarnessClient, table: str, source: str, *, rows_per_file: int = 4_000_000
+) -> MoveResult:
+    with client.lock(table, [source], owner="compaction", ttl_s=60, wait_s=120) as lock:
+        pinned = client.describe(table).version
+        data = _strict(client.read(table, version=pinned, sources=[source]))
+        begun = client.begin_write(table, source)
+        if begun["mode"] != "stage":
+            raise ValueError(f"source {source!r} cannot be compacted: its kind adopts no files")
+        written = []
+        try:
+            fs, root = filesystem(begun["location"])
+            for start in range(0, max(data.num_rows, 1), rows_per_file):
+                path = f"{root}/compacted-{uuid.uuid4().hex}.parquet"
+                with fs.open_output_stream(path) as out:
+                    pq.write_table(data.slice(start, rows_per_file), out)
+                written.append(f"{begun['location'].rstrip('/')}/{path.rsplit('/', 1)[1]}")
+            version = client.commit_write(
+                table,
+                begun["write_id"],
+                written,
+                source=source,
+                overwrite=True,
+                relocation=True,
+                rows=data.num_rows,
+                lock=lock,
+            )
+        except BaseException:
+            client.abort_write(table, begun["write_id"], source)
+            raise
+    log.info("compacted %s/%s into %d files as version %d", table, source, len(written), version)
+    return MoveResult(version, data.num_rows)
