@@ -192,6 +192,7 @@ def _raw(value: Any) -> Any:
         ("x = 0.1", {2, 7}),
         ("x < 0.1", {0, 1}),
         ("x IN (-0.0)", {1}),  # equal to 0.0 in SQL, not in a hash lookup
+        ("x IN (-1.5, -0.0)", {0, 1}),  # DuckDB missed 0.0 for a -0.0 parameter in a list
         ("x NOT IN (0.0, NULL)", set()),
         # float32: DuckDB compares decimal literals as FLOAT, exponent literals as DOUBLE.
         ("f = 0.1", {1, 7}),
