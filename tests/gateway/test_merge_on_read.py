@@ -146,3 +146,57 @@ def test_compaction_applies_deletes_and_keeps_pinned_reads(
     assert all(client.direct_task(ep) is not None for ep in info.endpoints)
     history = client.history("t", limit=1)[0]
     assert history.summary.get("operation") == "compaction"
+
+
+def test_schema_evolution_between_delete_files(
+    client: HarnessClient, tmp_path: Path, duck: Any
+) -> None:
+    """The key column renamed and a column added between two delete files: delete files are
+    matched by field id, so the old ones still apply under the new name."""
+    from pyiceberg.types import LongType
+
+    iceberg = IcebergFixture(tmp_path / "evo")
+    table = iceberg.catalog.create_table(
+        "db.evo", schema=SCHEMA, properties={"format-version": "2"}
+    )
+    table.append(rows(*[(i, f"a{i}", i) for i in range(10)]))
+    upsert(table, rows((1, "u1", 10)), [2])
+    with table.update_schema() as update:
+        update.rename_column("id", "key")
+        update.add_column("extra", LongType())
+    table.refresh()
+    new = pa.table(
+        {
+            "key": pa.array([3, 11], pa.int64()),
+            "name": ["u3", "n11"],
+            "qty": pa.array([30, 11], pa.int32()),
+            "extra": pa.array([7, 8], pa.int64()),
+        }
+    )
+    evolved = pa.schema(
+        [pa.field("key", pa.int64(), nullable=False), *list(SCHEMA)[1:], ("extra", pa.int64())]
+    )
+    write_changes(
+        table,
+        data=new.cast(evolved),
+        deletes=pa.table({"key": pa.array([3, 4, 11], pa.int64())}),
+        equality_ids=[1],
+    )
+    columns = [
+        {"name": "key", "type": "int64"},
+        {"name": "name", "type": "string"},
+        {"name": "qty", "type": "int32"},
+        {"name": "extra", "type": "int64"},
+    ]
+    client.create_table("evo", columns)
+    sid = table.current_snapshot().snapshot_id
+    client.add_source(
+        "evo", "ice", "iceberg", config=iceberg.source_config("evo"), state={"snapshot_id": sid}
+    )
+    want = (
+        duck.execute(f"SELECT * FROM iceberg_scan('{table.metadata_location}') ORDER BY key")
+        .to_arrow_table()
+        .to_pylist()
+    )
+    assert [r["key"] for r in want] == [0, 1, 3, 5, 6, 7, 8, 9, 11]
+    assert client.read("evo").sort_by("key").to_pylist() == want
