@@ -22,7 +22,9 @@ It then creates missing tables and commits each table's changes as one commit (a
 is its own commit first, so sources with their own schema evolve with it). Re-applying an
 unchanged file commits nothing. Removing a source or a column is refused unless
 ``--allow-destructive``; a changed config, kind or partition of an existing source is always
-refused (remove it and add a new source). Errors name the line and field of the file. YAML
+refused (remove it and add a new source). Every error of the file is reported at once, as
+``FILE:LINE:COLUMN: key.path: message`` (``tables.events.sources[1].kind``), before anything is
+applied: column types and source kinds are checked here, not by the gateway. YAML
 anchors and aliases (``&x`` / ``*x``) are refused, so a small file cannot expand to a huge one.
 """
 
@@ -40,12 +42,13 @@ from flight_gateway.cli.client_cmds import connect
 from flight_gateway.cli.output import emit
 from flight_gateway.errors import InvalidArgument, NotFound
 
-_LINE = "__line__"
+_MARKS = "__marks__"  # key -> (line, column) of its value; "" -> the mapping's own
 
 
 class _Loader(yaml.SafeLoader):
-    """Records the line of every mapping, so errors can point into the file. Refuses anchors and
-    aliases: a few hundred bytes of nested aliases ("billion laughs") expand to gigabytes."""
+    """Records where every mapping and every value starts, so errors can point into the file.
+    Refuses anchors and aliases: a few hundred bytes of nested aliases ("billion laughs")
+    expand to gigabytes."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
@@ -59,43 +62,72 @@ class _Loader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         mapping = super().construct_mapping(node, deep=True)
-        mapping[_LINE] = node.start_mark.line + 1
+        marks = {"": (node.start_mark.line + 1, node.start_mark.column + 1)}
+        for key_node, value_node in node.value:
+            marks[str(key_node.value)] = (
+                value_node.start_mark.line + 1,
+                value_node.start_mark.column + 1,
+            )
+        mapping[_MARKS] = marks
         return mapping
 
 
 def _strip(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k != _LINE}
+        return {k: _strip(v) for k, v in value.items() if k != _MARKS}
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value
 
 
-def _fail(node: Any, where: str, message: str) -> InvalidArgument:
-    line = node.get(_LINE, "?") if isinstance(node, dict) else "?"
-    return InvalidArgument(f"line {line}: {where}: {message}")
+class Problems:
+    """Every error of a file, each with its line, column and key path, reported together."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.found: list[tuple[int, int, str]] = []
+
+    def add(self, node: Any, key: str | None, where: str, message: str) -> None:
+        marks = node.get(_MARKS, {}) if isinstance(node, dict) else {}
+        line, col = marks.get(key or "", marks.get("", (0, 0)))
+        full = f"{where}.{key}" if key else where
+        self.found.append((line, col, f"{self.path}:{line}:{col}: {full}: {message}"))
+
+    def raise_any(self) -> None:
+        if self.found:
+            lines = [m for _, _, m in sorted(self.found)]
+            raise InvalidArgument(
+                f"{len(lines)} error(s) in {self.path}, nothing applied:\n" + "\n".join(lines)
+            )
 
 
 def _check_keys(
-    node: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...]
-) -> dict[str, Any]:
+    node: Any,
+    where: str,
+    required: tuple[str, ...],
+    optional: tuple[str, ...],
+    problems: Problems,
+) -> dict[str, Any] | None:
     if not isinstance(node, dict):
-        raise InvalidArgument(f"{where}: expected a mapping, got {type(node).__name__}")
-    keys = set(node) - {_LINE}
+        problems.found.append((0, 0, f"{problems.path}: {where}: expected a mapping"))
+        return None
+    keys = set(node) - {_MARKS}
     missing = [k for k in required if k not in keys]
     if missing:
-        raise _fail(node, where, f"missing {missing}")
-    unknown = sorted(keys - set(required) - set(optional))
-    if unknown:
-        raise _fail(node, where, f"unknown key(s) {unknown} (known: {[*required, *optional]})")
+        problems.add(node, None, where, f"missing {missing}")
+    for k in sorted(keys - set(required) - set(optional)):
+        problems.add(node, k, where, f"unknown key (known: {[*required, *optional]})")
     return node
 
 
-def _typed(node: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...]) -> Any:
+def _typed(
+    node: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...], problems: Problems
+) -> bool:
     value = node.get(key)
     if value is not None and not isinstance(value, kind):
-        raise _fail(node, f"{where}.{key}", f"expected {getattr(kind, '__name__', kind)}")
-    return value
+        problems.add(node, key, where, f"expected {getattr(kind, '__name__', kind)}")
+        return False
+    return True
 
 
 @dataclass
@@ -108,64 +140,108 @@ class Declared:
     sources: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _source(node: Any, where: str) -> dict[str, Any]:
-    node = _check_keys(node, where, ("name", "kind"), ("config", "partition", "state"))
+def _source(node: Any, where: str, problems: Problems) -> dict[str, Any]:
+    from planners import registry
+
+    checked = _check_keys(node, where, ("name", "kind"), ("config", "partition", "state"), problems)
+    if checked is None:
+        return {}
     for key in ("config", "partition", "state"):
-        _typed(node, key, where, dict)
-    _typed(node, "name", where, str)
-    _typed(node, "kind", where, str)
+        _typed(checked, key, where, dict, problems)
+    _typed(checked, "name", where, str, problems)
+    kind = checked.get("kind")
+    if _typed(checked, "kind", where, str, problems) and kind not in registry.available():
+        problems.add(checked, "kind", where, f"unknown source kind {kind!r}")
     return {
-        "name": node["name"],
-        "kind": node["kind"],
-        "config": _strip(node.get("config") or {}),
-        "partition": _strip(node.get("partition") or {}),
-        "state": _strip(node.get("state") or {}),
+        "name": checked.get("name"),
+        "kind": kind,
+        "config": _strip(checked.get("config") or {}),
+        "partition": _strip(checked.get("partition") or {}),
+        "state": _strip(checked.get("state") or {}),
     }
 
 
-def _table(node: Any, where: str) -> Declared:
-    node = _check_keys(
-        node, where, ("name", "schema"), ("partition_by", "primary_key", "properties", "sources")
-    )
-    _typed(node, "name", where, str)
-    for key in ("schema", "partition_by", "primary_key", "sources"):
-        _typed(node, key, where, list)
-    _typed(node, "properties", where, dict)
-    schema = []
-    for i, col in enumerate(node["schema"]):
-        col = _check_keys(col, f"{where}.schema[{i}]", ("name", "type"), ("nullable",))
-        schema.append(_strip(col))
-    sources = [_source(s, f"{where}.sources[{i}]") for i, s in enumerate(node.get("sources") or [])]
-    names = [s["name"] for s in sources]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise _fail(node, where, f"source(s) {dupes} declared more than once")
+def _column(node: Any, where: str, problems: Problems) -> dict[str, Any]:
+    from flight_gateway.arrow_types import parse_type
+
+    col = _check_keys(node, where, ("name", "type"), ("nullable",), problems)
+    if col is None:
+        return {}
+    _typed(col, "name", where, str, problems)
+    _typed(col, "nullable", where, bool, problems)
+    if _typed(col, "type", where, str, problems) and col.get("type") is not None:
+        try:
+            parse_type(col["type"])
+        except (InvalidArgument, ValueError, TypeError) as e:
+            problems.add(col, "type", where, f"not a column type: {e}")
+    return dict(_strip(col))
+
+
+def _columns_exist(
+    node: dict[str, Any], key: str, where: str, names: set[str], problems: Problems
+) -> None:
+    for c in node.get(key) or []:
+        if c not in names:
+            problems.add(node, key, where, f"{c!r} is not a column of the table")
+
+
+def _table(node: Any, index: int, problems: Problems) -> Declared | None:
+    optional = ("partition_by", "primary_key", "properties", "sources")
+    name = node.get("name") if isinstance(node, dict) else None
+    where = f"tables.{name}" if isinstance(name, str) else f"tables[{index}]"
+    checked = _check_keys(node, where, ("name", "schema"), optional, problems)
+    if checked is None:
+        return None
+    _typed(checked, "name", where, str, problems)
+    ok = {k: _typed(checked, k, where, list, problems) for k in ("schema", "partition_by", "primary_key", "sources")}  # fmt: skip
+    _typed(checked, "properties", where, dict, problems)
+    schema_nodes = checked.get("schema") if ok["schema"] else None
+    schema = [
+        _column(c, f"{where}.schema[{i}]", problems) for i, c in enumerate(schema_nodes or [])
+    ]
+    names = {str(c["name"]) for c in schema if isinstance(c.get("name"), str)}
+    for key in ("partition_by", "primary_key"):
+        if ok[key]:
+            _columns_exist(checked, key, where, names, problems)
+    source_nodes = checked.get("sources") if ok["sources"] else None
+    sources = [
+        _source(x, f"{where}.sources[{i}]", problems) for i, x in enumerate(source_nodes or [])
+    ]
+    declared = [x.get("name") for x in sources]
+    for dupe in sorted({n for n in declared if declared.count(n) > 1 and isinstance(n, str)}):
+        problems.add(checked, "sources", where, f"source {dupe!r} declared more than once")
     return Declared(
-        node["name"],
+        str(name),
         schema,
-        list(node.get("partition_by") or []),
-        list(node.get("primary_key") or []),
-        _strip(node.get("properties") or {}),
+        list(checked.get("partition_by") or []) if ok["partition_by"] else [],
+        list(checked.get("primary_key") or []) if ok["primary_key"] else [],
+        _strip(checked.get("properties") or {}),
         sources,
     )
 
 
 def load(path: str) -> list[Declared]:
-    """Parse and validate a declaration file (errors name line and field)."""
+    """Parse and validate a declaration file. Every error is reported at once, each with the
+    file, line, column and key path (``tables.events.sources[2].config``); nothing is applied
+    when there is one."""
     try:
         doc = yaml.load(Path(path).read_text(), Loader=_Loader)
     except OSError as e:
         raise InvalidArgument(f"cannot read {path!r}: {e}") from e
     except yaml.YAMLError as e:
         raise InvalidArgument(f"{path}: not valid YAML: {e}") from e
-    doc = _check_keys(doc, "file", ("tables",), ())
-    if not isinstance(doc["tables"], list):
-        raise _fail(doc, "tables", "expected a list of tables")
-    declared = [_table(t, f"tables[{i}]") for i, t in enumerate(doc["tables"])]
-    names = [d.name for d in declared]
-    if len(set(names)) != len(names):
-        raise InvalidArgument(f"{path}: a table is declared more than once: {names}")
-    return declared
+    problems = Problems(path)
+    checked = _check_keys(doc, "file", ("tables",), (), problems)
+    tables = checked.get("tables") if checked is not None else None
+    if checked is not None and "tables" in checked and not isinstance(tables, list):
+        problems.add(checked, "tables", "file", "expected a list of tables")
+        tables = None
+    declared = [_table(t, i, problems) for i, t in enumerate(tables or [])]
+    names = [d.name for d in declared if d is not None]
+    for dupe in sorted({n for n in names if names.count(n) > 1}):
+        problems.add(checked, "tables", "file", f"table {dupe!r} declared more than once")
+    problems.raise_any()
+    return [d for d in declared if d is not None]
 
 
 @dataclass

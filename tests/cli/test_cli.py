@@ -93,14 +93,14 @@ def test_apply_round_trip(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("tables:\n  - name: t\n", "line 2: tables[0]: missing ['schema']"),
+        ("tables:\n  - name: t\n", ":2:5: tables.t: missing ['schema']"),
         (
             "tables:\n  - name: t\n    schema:\n      - {name: id, type: int64, colour: red}\n",
-            "line 4: tables[0].schema[0]: unknown key(s) ['colour']",
+            ":4:41: tables.t.schema[0].colour: unknown key",
         ),
         (
             "tables:\n  - name: t\n    schema: []\n    sources:\n      - {name: s}\n",
-            "line 5: tables[0].sources[0]: missing ['kind']",
+            ":5:9: tables.t.sources[0]: missing ['kind']",
         ),
         ("tables: [\n", "not valid YAML"),
     ],
@@ -116,6 +116,36 @@ def test_apply_bad_file_names_line_and_field(
     f.write_text(text)
     code, out, err = run(capsys, client.uri, "apply", str(f))
     assert code == 1 and message in err and not out
+    assert client.list_tables() == []
+
+
+THREE_ERRORS = """\
+tables:
+  - name: events
+    schema:
+      - {name: id, type: int65}
+      - {name: p, type: int32}
+    partition_by: [p, q]
+    sources:
+      - name: cold
+        kind: files
+        config: {root: /tmp}
+      - name: hot
+        kind: kafkaa
+"""
+
+
+def test_apply_reports_every_error_with_line_and_key_path_and_applies_nothing(
+    capsys: pytest.CaptureFixture[str], client: HarnessClient, tmp_path: Path
+) -> None:
+    f = tmp_path / "three.yaml"
+    f.write_text(THREE_ERRORS)
+    code, out, err = run(capsys, client.uri, "apply", str(f))
+    assert code == 1 and not out
+    assert "3 error(s)" in err and "nothing applied" in err
+    assert f"{f}:4:26: tables.events.schema[0].type: not a column type" in err
+    assert f"{f}:6:19: tables.events.partition_by: 'q' is not a column of the table" in err
+    assert f"{f}:12:15: tables.events.sources[1].kind: unknown source kind 'kafkaa'" in err
     assert client.list_tables() == []
 
 
