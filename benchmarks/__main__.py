@@ -9,14 +9,17 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import pkgutil
 import platform
 import time
 from pathlib import Path
 
 import benchmarks
+from benchmarks.charts import markdown_links, write_charts
 
-RESULTS = Path(__file__).parent / "results"
+#: Where results go (``HARNESS_BENCH_RESULTS`` moves them, e.g. for the test of this runner).
+RESULTS = Path(os.environ.get("HARNESS_BENCH_RESULTS") or Path(__file__).parent / "results")
 
 
 def _markdown(rows: list[dict]) -> str:
@@ -54,7 +57,8 @@ def main() -> None:
         for row in module.run(quick=args.quick):
             row = {"benchmark": name.removeprefix("bench_"), **row}
             rows.append(row)
-            print("  ", json.dumps(row), flush=True)
+            shown = {k: v for k, v in row.items() if k != "series"}
+            print("  ", json.dumps(shown), flush=True)
         print(f"   ({time.perf_counter() - started:.1f}s)", flush=True)
     meta = {
         "when": stamp,
@@ -66,8 +70,10 @@ def main() -> None:
         for row in rows:
             f.write(json.dumps({**meta, **row}) + "\n")
     table = f"# Benchmark results {stamp}{' (quick)' if args.quick else ''}\n\n" + _markdown(rows)
-    (RESULTS / f"{stamp}.md").write_text(table)
-    (RESULTS / "latest.md").write_text(table)
+    (RESULTS / f"{stamp}.md").write_text(table + markdown_links(write_charts(rows, RESULTS, stamp)))
+    (RESULTS / "latest.md").write_text(
+        table + markdown_links(write_charts(rows, RESULTS, "latest"))
+    )
     print(table)
 
 
