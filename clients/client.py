@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import threading
@@ -22,6 +23,7 @@ from flight_gateway.protocol import (
 )
 from flight_gateway.protocol.direct import DirectTask, verify_direct
 from flight_gateway.protocol.messages import parse_timestamp
+from flight_gateway.tracing import current_traceparent
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class HarnessClient:
         tls_private_key: bytes | None = None,
         replicas: Sequence[str] = (),
         failover_s: float | None = None,
+        traceparent: str | None = None,
     ) -> None:
         """``tls_root_certs`` verifies the gateway; ``tls_cert_chain``/``tls_private_key`` are
         this client's certificate when the gateway requires mutual TLS. ``replicas``: other
@@ -54,6 +57,8 @@ class HarnessClient:
         a gateway cannot be reached, for up to ``failover_s`` (default 60 s with replicas, 0
         without: fail at once), so also across a restart (``clients.failover``)."""
         self.uri = uri
+        #: A W3C trace parent to send (else the current OpenTelemetry span's, if any).
+        self._traceparent = traceparent
         window = failover_s if failover_s is not None else (60.0 if replicas else 0.0)
         self._replicas = Replicas([uri, *replicas], window)
         self._headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
@@ -79,8 +84,12 @@ class HarnessClient:
             return c
 
     def _options(self) -> fl.FlightCallOptions:
+        headers = self._headers
+        parent = self._traceparent or current_traceparent()
+        if parent:  # the gateway's spans join the caller's trace
+            headers = [*headers, (b"traceparent", parent.encode())]
         return fl.FlightCallOptions(
-            headers=self._headers, timeout=self._timeout, read_options=_READ_OPTIONS
+            headers=headers, timeout=self._timeout, read_options=_READ_OPTIONS
         )
 
     def close(self) -> None:
@@ -269,7 +278,13 @@ class HarnessClient:
             parts = [self._read_endpoint_all(ep) for ep in endpoints]
         else:
             with ThreadPoolExecutor(min(self._max_workers, len(endpoints))) as pool:
-                parts = list(pool.map(self._read_endpoint_all, endpoints))
+                # Each task runs in a copy of the caller's context: its trace (traceparent)
+                # and anything else a contextvar carries follow the endpoint reads.
+                futures = [
+                    pool.submit(contextvars.copy_context().run, self._read_endpoint_all, ep)
+                    for ep in endpoints
+                ]
+                parts = [f.result() for f in futures]
         result = pa.concat_tables(parts) if parts else info.schema.empty_table()
         if limit is not None and result.num_rows > limit:
             result = result.slice(0, limit)

@@ -15,7 +15,12 @@ def client(options: dict[str, str]) -> Any:
     if not uris:
         raise ValueError("harness-flight needs option 'uri' (grpc://host:port[,replica,...])")
     # Replicas after the first: safe calls move to another one when a gateway dies.
-    return HarnessClient(uris[0], token=options.get("token") or None, replicas=uris[1:])
+    return HarnessClient(
+        uris[0],
+        token=options.get("token") or None,
+        replicas=uris[1:],
+        traceparent=options.get("traceparent") or None,
+    )
 
 
 def read_args(options: dict[str, str], extra_filters: list[str] | None = None) -> dict[str, Any]:

@@ -139,9 +139,14 @@ def _flight_frame(spark: Any, uri: str, table: str, token: str | None, endpoints
         }
         for ep in endpoints
     ]
+    from flight_gateway.tracing import current_traceparent
+
     reader = spark.read.format("harness-flight").option("uri", uri).option("table", table)
     if token:
         reader = reader.option("token", token)
+    parent = current_traceparent()
+    if parent:  # the tasks' reads join the caller's trace
+        reader = reader.option("traceparent", parent)
     return reader.option("endpoints", json.dumps(listed))
 
 

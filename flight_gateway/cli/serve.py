@@ -67,6 +67,9 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        trace_id = getattr(record, "trace_id", "")
+        if trace_id:
+            doc["trace_id"] = trace_id
         if record.exc_info:
             doc["error"] = self.formatException(record.exc_info)
         return json.dumps(doc)

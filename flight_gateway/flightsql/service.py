@@ -25,7 +25,7 @@ import pyarrow.flight as fl
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 
-from flight_gateway import __version__
+from flight_gateway import __version__, tracing
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.flightsql import engine, metadata, query, relations
 from flight_gateway.flightsql.handles import HandleSealer
@@ -121,7 +121,8 @@ class FlightSqlService:
 
     def _statement(self, sql: str, params: Sequence[Any], who: Principal) -> dict[str, Any]:
         """Parse, check permissions and pin: the handle's content."""
-        tree = query.parse(sql)
+        with tracing.span("sql.parse"):
+            tree = query.parse(sql)
         if params:
             tree = query.bind_parameters(tree, params)
         elif any(True for _ in tree.find_all(query.exp.Placeholder)):
@@ -213,7 +214,8 @@ class FlightSqlService:
 
     def execute(self, handle: dict[str, Any], who: Principal) -> pa.RecordBatchReader:
         """The statement's result, streamed as DuckDB produces it."""
-        stmt, rels = self._relations(handle, plan=True, who=who)
+        with tracing.span("sql.plan"):
+            stmt, rels = self._relations(handle, plan=True, who=who)
         spill = engine.spill_directory(self.limits)
         try:
             con = self.pool.take(engine.postgres_servers(rels))
@@ -238,7 +240,7 @@ class FlightSqlService:
             for r in rels
         }
         log.info("flight sql: %s", json.dumps(report))
-        return running.stream(sql)
+        return tracing.traced_stream("sql.execute", running.stream(sql))
 
     # ------------------------------------------------------------------ Flight calls
 

@@ -155,6 +155,9 @@ class GatewayConfig:
     metrics_host: str = "127.0.0.1"
     #: ``"text"`` or ``"json"`` (one JSON object per log line), for ``harness-gateway serve``.
     log_format: str = "text"
+    #: OpenTelemetry (flight_gateway.tracing): {exporter = "otlp" | "console" | "file",
+    #: endpoint?, path?}; None: off.
+    tracing: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for what, value in [

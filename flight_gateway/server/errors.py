@@ -3,6 +3,7 @@ streams that fail loudly instead of ending early looking complete."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 from sqlalchemy.exc import OperationalError
 
+from flight_gateway import tracing
 from flight_gateway.errors import HarnessError, InvalidArgument, Unavailable, without_content
 from flight_gateway.protocol import to_flight_error
 from flight_gateway.secrets import scrub
@@ -57,8 +59,10 @@ def flight_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
+        call = args[1] if len(args) > 1 and isinstance(args[1], fl.ServerCallContext) else None
         try:
-            out = fn(*args, **kwargs)
+            with tracing.activate(call) if call is not None else contextlib.nullcontext():
+                out = fn(*args, **kwargs)
         except BaseException as e:
             metrics.observe_rpc(fn.__name__, started, e)
             # "from None": pyarrow sends the Python traceback in the status details, and a

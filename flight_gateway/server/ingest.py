@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flight_gateway import tracing
 from flight_gateway.arrow_types import parse_type
 from flight_gateway.catalog import SourceSnapshot, TableSnapshot
 from flight_gateway.errors import InvalidArgument, ResourceExhausted
@@ -233,12 +234,13 @@ class _Appender:
             ctx = AppendContext(
                 ref, self.commit_id, aliases, intent, record, self.table, guard(self.gw, ref.kind)
             )
-            if self.merge:
-                assert isinstance(kind, Merges)
-                upserts, deletes = last_per_key(part, snap.primary_key)
-                state = kind.merge(ctx, upserts, deletes, snap.primary_key)
-            else:
-                state = kind.append(ctx, part)
+            with tracing.span("write", source=name, kind=ref.kind, rows=part.num_rows):
+                if self.merge:
+                    assert isinstance(kind, Merges)
+                    upserts, deletes = last_per_key(part, snap.primary_key)
+                    state = kind.merge(ctx, upserts, deletes, snap.primary_key)
+                else:
+                    state = kind.append(ctx, part)
             updates.append({"source": name, "state": state})
         return updates
 
@@ -253,8 +255,9 @@ def do_put(
         return {"version": done, "applied": False, "rows": 0}
     snap = catalog.describe(table)
     merge = mode(command) == "merge"
-    rows = with_ops(snap, data, _validate) if merge else _validate(snap, data)
-    parts = route(snap, rows, source)
+    with tracing.span("validate", table=table, rows=data.num_rows):
+        rows = with_ops(snap, data, _validate) if merge else _validate(snap, data)
+        parts = route(snap, rows, source)
     if not parts:
         raise InvalidArgument("nothing to write: the upload has no rows")
     if merge:
@@ -276,19 +279,20 @@ def do_put(
         snap = catalog.describe(table)  # fresh states under the lock
         appender = _Appender(gw, table, commit_id, grant.lock_id, merge)
         updates = appender.append(snap, parts)
-        res = catalog.commit(
-            table,
-            commit_id,
-            lock_id=grant.lock_id,
-            updates=updates,
-            external_state=appender.markers or None,
-            summary={
-                ops.OPERATION: ops.DOPUT,
-                "rows": rows.num_rows,
-                "sources": sorted(parts),
-                **({"merge": True} if merge else {}),
-            },
-        )
+        with tracing.span("commit", table=table):
+            res = catalog.commit(
+                table,
+                commit_id,
+                lock_id=grant.lock_id,
+                updates=updates,
+                external_state=appender.markers or None,
+                summary={
+                    ops.OPERATION: ops.DOPUT,
+                    "rows": rows.num_rows,
+                    "sources": sorted(parts),
+                    **({"merge": True} if merge else {}),
+                },
+            )
     log.info(
         "DoPut %s into %s: %d rows -> version %d", commit_id, table, rows.num_rows, res.version
     )

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from flight_gateway import tracing
 from flight_gateway.catalog import Catalog
 from flight_gateway.catalog.model import LockGrant
 from flight_gateway.errors import LockExpired
@@ -51,7 +52,8 @@ def leased(
     wait_s: float,
 ) -> Iterator[LockGrant]:
     """Hold a lock on ``sources`` for the block, renewing it; released at the end."""
-    grant = catalog.lock(table, sources, owner=owner, ttl_s=ttl_s, wait_s=wait_s)
+    with tracing.span("lock.wait", table=table, sources=",".join(sources)):
+        grant = catalog.lock(table, sources, owner=owner, ttl_s=ttl_s, wait_s=wait_s)
     renewer = _Renewer(catalog, grant.lock_id, ttl_s)
     renewer.start()
     try:

@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from flight_gateway import tracing
 from flight_gateway.catalog import Catalog
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.flightsql import service as flightsql
@@ -24,6 +25,7 @@ from flight_gateway.server.context import Gateway
 from flight_gateway.server.errors import flight_errors, stream_errors
 from flight_gateway.server.read import ReadService, arrow_schema
 from flight_gateway.server.slots import Slots
+from flight_gateway.tracing import TraceFactory
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +57,14 @@ class HarnessFlightServer(fl.FlightServerBase):
         self.scheme = "grpc+tls" if certs else "grpc"
         super().__init__(
             f"{self.scheme}://{config.host}:{config.port}",
-            middleware={"auth": BearerAuthFactory(config.token_store)},
+            middleware={"auth": BearerAuthFactory(config.token_store), "trace": TraceFactory()},
             tls_certificates=certs,
             verify_client=client_ca is not None,
             root_certificates=client_ca,
         )
         _install_scrub_filter()
+        if config.tracing:
+            tracing.configure(config.tracing)
         self.catalog = catalog
         self.config = config
         self.gw = Gateway(

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from flight_gateway import tracing
 from flight_gateway.catalog import TableSnapshot
 from flight_gateway.protocol import ReadRequest, TicketPayload
 from flight_gateway.server.context import Gateway
@@ -47,7 +48,10 @@ def plan_sources(
         kind, ref = bind(gw, snap, s.name)
         left = gw.limits.max_tasks - planned
         request = scan_request(gw, ref, shape.specs, shape.predicate, req.limit, left)
-        tasks = kind.plan(request)
+        with tracing.span("plan.source", source=s.name, kind=s.kind) as sp:
+            tasks = kind.plan(request)
+            if sp is not None:
+                sp.set_attribute("tasks", len(tasks))
         request.check_task_count(len(tasks))
         planned += len(tasks)
         yield SourcePlan(s.name, s.kind, kind, request, tasks)

@@ -14,6 +14,7 @@ from collections import OrderedDict
 
 import pyarrow as pa
 
+from flight_gateway import tracing
 from flight_gateway.catalog import TableSnapshot
 from flight_gateway.errors import HarnessError, Unauthorized
 from flight_gateway.protocol import ReadRequest, TicketPayload, TicketSigner
@@ -71,12 +72,16 @@ class ReadService:
         return Endpoint(ticket, expires, task, direct)
 
     def plan(self, req: ReadRequest, principal: str | None = None) -> PlannedRead:
-        snap = self.snapshot(req.table, req.version, req.as_of)
-        if req.dedupe:
-            return dedupe.plan(self, snap, req, principal)
-        if req.since is not None:
-            return since.plan(self, snap, req, principal)
-        return plain.plan(self, snap, req, principal)
+        with tracing.span("pin", table=req.table) as s:
+            snap = self.snapshot(req.table, req.version, req.as_of)
+            if s is not None:
+                s.set_attribute("version", snap.version)
+        with tracing.span("plan", table=req.table, version=snap.version):
+            if req.dedupe:
+                return dedupe.plan(self, snap, req, principal)
+            if req.since is not None:
+                return since.plan(self, snap, req, principal)
+            return plain.plan(self, snap, req, principal)
 
     def verify(self, ticket: bytes, principal: str) -> TicketPayload:
         try:
@@ -99,4 +104,5 @@ class ReadService:
         request = scan_request(self.gw, ref, shape.specs, shape.predicate, payload.limit)
         task = ScanTask(ref.name, payload.task, payload.exact)
         reader = execute(kind, request, task, shape.projection)
+        reader = tracing.traced_stream("scan", reader, source=ref.name, kind=ref.kind)
         return metrics.counted(reader, payload.table, ref.kind)
