@@ -223,6 +223,20 @@ def _window(reads: list[tuple[float, float, float]], lo: float, hi: float) -> di
     }
 
 
+def _series(soak: _Soak, seconds: float) -> dict[str, list[float]]:
+    """Read p50 and RSS per time bucket, for the chart of the run (benchmarks.charts)."""
+    width = max(5.0, seconds / 30)
+    out: dict[str, list[float]] = {"t_s": [], "read_p50_ms": [], "rss_mb": []}
+    t = 0.0
+    while t < seconds:
+        window = _window(soak.reads, t, t + width)
+        out["t_s"].append(round(t + width / 2, 1))
+        out["read_p50_ms"].append(round(window["p50"], 2))
+        out["rss_mb"].append(round(_rss_at(soak.rss, t, t + width), 1))
+        t += width
+    return out
+
+
 def _rss_at(rss: list[tuple[float, float]], lo: float, hi: float) -> float:
     vals = [m for t, m in rss if lo <= t < hi]
     return statistics.median(vals) if vals else float("nan")
@@ -265,7 +279,10 @@ def run(quick: bool = False) -> list[dict]:
         server = HarnessFlightServer(
             catalog,
             GatewayConfig(
-                catalog=catalog_url, port=0, allow_anonymous=True, ticket_key="bench-ticket-key-0123"
+                catalog=catalog_url,
+                port=0,
+                allow_anonymous=True,
+                ticket_key="bench-ticket-key-0123",
             ),
         )
         threading.Thread(target=server.serve, daemon=True).start()
@@ -295,14 +312,18 @@ def run(quick: bool = False) -> list[dict]:
 
         start = _window(soak.reads, warm, warm + width)
         end = _window(soak.reads, seconds - width, seconds + 1)
-        rss0, rss1 = _rss_at(soak.rss, warm, warm + width), _rss_at(soak.rss, seconds - width, seconds + 1)
+        rss0, rss1 = (
+            _rss_at(soak.rss, warm, warm + width),
+            _rss_at(soak.rss, seconds - width, seconds + 1),
+        )
         desc = client.describe(TABLE)
         kept = len(client.history(TABLE))
         ice = _iceberg_shape(ice_props)
 
+    compaction = f"every {compact_s:g}s" if compact_s else "none"
     label = (
         f"{minutes:g} min, {'Postgres' if dsn else 'SQLite'} catalog, "
-        f"keep_last={keep_last or 'none'}, compaction={'every %gs' % compact_s if compact_s else 'none'}"
+        f"keep_last={keep_last or 'none'}, compaction={compaction}"
     )
     c = soak.counts
     errors = sum(v for k, v in c.items() if k.endswith("_errors"))
@@ -376,6 +397,12 @@ def run(quick: bool = False) -> list[dict]:
             ),
             "value": ice["files"],
             "unit": "files",
+        },
+        {
+            "case": "soak over time (read p50, RSS)",
+            "value": round(minutes, 2),
+            "unit": "min",
+            "series": _series(soak, seconds),
         },
     ]
 

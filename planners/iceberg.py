@@ -318,7 +318,7 @@ class IcebergKind(SourceKind):
         result = (scan, mapping, planned)
         with _lock:
             _plans[key] = result
-            while len(_plans) > 256:
+            while len(_plans) > 32:  # a plan holds the table metadata and every file task
                 _plans.popitem(last=False)
         return result
 

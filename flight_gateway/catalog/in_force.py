@@ -38,6 +38,9 @@ def kv_in_force(version: Any) -> ScalarSelect[Any]:
     return latest_at_or_before(kv, ["table_id", "ns", "key"], version)
 
 
+_states_in_force = source_states.alias("harness_source_states_at")
+
+
 def alive_at(version: Any) -> ColumnElement[bool]:
     """Sources that belong to the table at ``version``."""
     return and_(
@@ -63,7 +66,15 @@ def sources_at(table_id: Any, version: Any) -> Select[Any]:
         .where(
             sources.c.table_id == table_id,
             alive_at(version),
-            source_states.c.version == state_in_force(version),
+            # Correlated on the source row (one index seek per source), not on each state
+            # row of the join (one seek per state row ever written: O(history)).
+            source_states.c.version
+            == select(func.max(_states_in_force.c.version))
+            .where(
+                _states_in_force.c.source_id == sources.c.id,
+                _states_in_force.c.version <= version,
+            )
+            .scalar_subquery(),
         )
         .order_by(sources.c.id)
     )
@@ -71,6 +82,23 @@ def sources_at(table_id: Any, version: Any) -> Select[Any]:
 
 def kv_at(table_id: Any, version: Any) -> Select[Any]:
     """Every key/value of the table in force at ``version`` (null values included)."""
-    return select(kv.c.ns, kv.c.key, kv.c.value).where(
-        kv.c.table_id == table_id, kv.c.version == kv_in_force(version)
+    # Driven by the table's distinct keys (a cheap index-only scan) and one seek per key, not
+    # one correlated seek per row ever written (O(history)).
+    keys = select(kv.c.ns, kv.c.key).where(kv.c.table_id == table_id).distinct().subquery("keys")
+    latest = kv.alias("harness_kv_at")
+    in_force = (
+        select(func.max(latest.c.version))
+        .where(
+            latest.c.table_id == table_id,
+            latest.c.ns == keys.c.ns,
+            latest.c.key == keys.c.key,
+            latest.c.version <= version,
+        )
+        .scalar_subquery()
+    )
+    return (
+        select(kv.c.ns, kv.c.key, kv.c.value)
+        .select_from(keys)
+        .join(kv, and_(kv.c.table_id == table_id, kv.c.ns == keys.c.ns, kv.c.key == keys.c.key))
+        .where(kv.c.version == in_force)
     )

@@ -49,6 +49,10 @@ class ReadService:
     def snapshot(
         self, table: str, version: int | None = None, as_of: float | None = None
     ) -> TableSnapshot:
+        if version is None and as_of is None:
+            # The current version is one primary-key lookup; its snapshot is then cached like
+            # any pinned version, so describe runs once per new version, not once per read.
+            version = self.catalog.current_version(table)
         if version is not None:
             with self._lock:
                 hit = self._cache.get((table, version))
@@ -57,7 +61,7 @@ class ReadService:
         snap = self.catalog.describe(table, version=version, as_of=as_of)
         with self._lock:
             self._cache[(table, snap.version)] = (time.monotonic(), snap)
-            while len(self._cache) > 1024:
+            while len(self._cache) > 128:  # each snapshot holds every source state
                 self._cache.popitem(last=False)
         return snap
 
