@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from clients.failover import IDEMPOTENT_ACTIONS, Replicas
+from flight_gateway.allocator import tune_for_flight
 from flight_gateway.protocol import (
     CommitRecord,
     ReadRequest,
@@ -59,6 +60,8 @@ class HarnessClient:
         self.uri = uri
         #: A W3C trace parent to send (else the current OpenTelemetry span's, if any).
         self._traceparent = traceparent
+        # gRPC's message buffers (flight_gateway.allocator): process-wide, so opt-in here.
+        tune_for_flight(default_on=False)
         window = failover_s if failover_s is not None else (60.0 if replicas else 0.0)
         self._replicas = Replicas([uri, *replicas], window)
         self._headers = [(b"authorization", f"Bearer {token}".encode())] if token else []

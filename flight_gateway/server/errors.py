@@ -74,6 +74,29 @@ def flight_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: Batches go out as IPC messages of at most about this many body bytes. The Flight client
+#: takes a message body in place, right after its protobuf length prefix, a varint: measured
+#: with pyarrow 26, bodies of 16 KiB to 2 MiB - 1 (3-byte prefix) arrive 8-byte aligned, larger
+#: ones (a 64K-row batch of four 8-byte columns is exactly 2 MiB; 4-byte prefix) at 1 mod 8,
+#: and the client's IPC reader then copies every buffer again to realign it (Acero needs it).
+#: Slicing is zero-copy and the IPC writer sends only the slice. 1 MiB was faster than 256 KiB
+#: or 512 KiB (16 M rows over loopback, docs/operations.md).
+WIRE_BATCH_BYTES = 1 << 20
+
+
+def wire_sized(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    """``batch`` as zero-copy slices of about ``WIRE_BATCH_BYTES`` each (itself when smaller)."""
+    nbytes = batch.nbytes
+    if nbytes <= WIRE_BATCH_BYTES + (WIRE_BATCH_BYTES >> 1) or batch.num_rows < 2:
+        yield batch
+        return
+    # at least 1024 rows a piece: a large dictionary counts in every slice's nbytes
+    pieces = min(max(1, batch.num_rows // 1024), -(-nbytes // WIRE_BATCH_BYTES))
+    step = -(-batch.num_rows // pieces)
+    for start in range(0, batch.num_rows, step):
+        yield batch.slice(start, step)
+
+
 def stream_errors(
     reader: pa.RecordBatchReader, on_close: Callable[[], None] | None = None
 ) -> pa.RecordBatchReader:
@@ -83,7 +106,8 @@ def stream_errors(
 
     def gen() -> Iterator[pa.RecordBatch]:
         try:
-            yield from reader
+            for batch in reader:
+                yield from wire_sized(batch)
         except HarnessError as e:
             raise _wire(e) from None
         except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway import tracing
+from flight_gateway.allocator import tune_for_flight
 from flight_gateway.catalog import Catalog
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.flightsql import service as flightsql
@@ -65,6 +66,7 @@ class HarnessFlightServer(fl.FlightServerBase):
         _install_scrub_filter()
         if config.tracing:
             tracing.configure(config.tracing)
+        tune_for_flight()  # DoPut bodies arrive in gRPC's buffers too (flight_gateway.allocator)
         self.catalog = catalog
         self.config = config
         self.gw = Gateway(
