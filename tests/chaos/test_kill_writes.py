@@ -24,6 +24,7 @@ from flight_gateway.maintenance import run_once
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 #: Seconds of kills in the quick mode of ``make test``; the bench's long mode sets more.
 CHAOS_S = float(os.environ.get("HARNESS_CHAOS_S", "15"))
+MIN_KILLS = 5
 #: The default write lease is 10 s; allow for a restart and a slow machine.
 RESUME_BOUND_S = 20.0
 
@@ -92,7 +93,8 @@ def check_reads(uri: str, writers: list[Writer], stop: threading.Event, out: lis
 def run_chaos(gw: GatewayProcess, seconds: float, on_restart: Callable[[float], None]) -> None:
     rng = random.Random(20)
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    # At least MIN_KILLS however slow restarts are on a loaded machine (bounded by 4x the time).
+    while time.monotonic() < end or (gw.kills < MIN_KILLS and time.monotonic() < end + 3 * seconds):
         time.sleep(rng.uniform(0.3, 1.5))
         gw.kill()
         on_restart(gw.start())
@@ -127,7 +129,7 @@ def test_kills_during_writes_lose_nothing_duplicate_nothing_and_free_locks(
     reader.join(60)
 
     resumed = [min(t for t in w.ack_times if t > last_up) - last_up for w in writers]
-    assert gw.kills >= 5
+    assert gw.kills >= MIN_KILLS
     assert max(resumed) < RESUME_BOUND_S, f"writes resumed {resumed} s after the restart"
     assert "ok" in verdicts
     assert [v for v in verdicts if v != "ok"] == []
