@@ -158,6 +158,11 @@ class GatewayConfig:
     #: OpenTelemetry (flight_gateway.tracing): {exporter = "otlp" | "console" | "file",
     #: endpoint?, path?}; None: off.
     tracing: dict[str, Any] | None = None
+    #: The Iceberg REST catalog face (flight_gateway.rest): its port (0: any free one), None:
+    #: off; pinned versions are materialized under ``iceberg_rest_dir`` (default: a temporary
+    #: directory of the process).
+    iceberg_rest_port: int | None = None
+    iceberg_rest_dir: str | None = None
 
     def __post_init__(self) -> None:
         for what, value in [

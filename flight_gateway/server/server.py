@@ -92,6 +92,7 @@ class HarnessFlightServer(fl.FlightServerBase):
         self.statements = Slots(limits.max_concurrent_statements, "max_concurrent_statements",
                                 limits.max_concurrent_statements, "max_concurrent_statements",
                                 what="SQL statements")  # fmt: skip
+        self.rest = self._iceberg_rest(config)
         metrics.watch_catalog(catalog)
         self._metrics_http = (
             None
@@ -112,7 +113,25 @@ class HarnessFlightServer(fl.FlightServerBase):
     def metrics_port(self) -> int | None:
         return None if self._metrics_http is None else int(self._metrics_http.server_port)
 
+    def _iceberg_rest(self, config: GatewayConfig) -> Any:
+        if config.iceberg_rest_port is None:
+            return None
+        import tempfile
+        from pathlib import Path
+
+        from flight_gateway.rest.server import RestCatalog, RestServer
+        from flight_gateway.rest.shadow import Shadows
+
+        root = Path(config.iceberg_rest_dir or tempfile.mkdtemp(prefix="harness-rest-"))
+        shadows = Shadows(self.reads, root)
+        rest = RestCatalog(shadows, config.token_store, self.catalog)
+        server = RestServer(rest, config.host, config.iceberg_rest_port)
+        log.info("iceberg rest catalog on http://%s:%d", config.host, server.port)
+        return server
+
     def shutdown(self) -> None:
+        if self.rest is not None:
+            self.rest.shutdown()
         super().shutdown()
         self.sql.pool.close()
         if self._metrics_http is not None:
