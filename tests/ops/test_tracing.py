@@ -56,21 +56,21 @@ def _table(client: HarnessClient, tmp_path: Path, pg_dsn: str) -> None:
                 "partition": {"region": "f"},
                 "config": {"root": str(tmp_path / "f")},
                 "state": {"files": ["a.parquet"]},
-            },  # fmt: skip
+            },
             {
                 "name": "i",
                 "kind": "iceberg",
                 "partition": {"region": "i"},
                 "config": ice.source_config("tr"),
                 "state": {"snapshot_id": t.current_snapshot().snapshot_id},
-            },  # fmt: skip
+            },
             {
                 "name": "p",
                 "kind": "postgres",
                 "partition": {"region": "p"},
                 "config": {"dsn": pg_dsn, "table": pg},
                 "state": {"as_of": as_of},
-            },  # fmt: skip
+            },
         ],
     )
 
