@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -42,16 +42,10 @@ def _existing_columns(conn: Any, config: PostgresConfig) -> list[str]:
     ]
 
 
-def copy_rows(
-    config: PostgresConfig,
-    source: str,
-    commit_id: str,
-    rows: pa.Table,
-    aliases: Mapping[str, tuple[str, ...]],
-) -> str:
-    """COPY ``rows`` and log ``commit_id`` in one transaction (a retry finds the log row and
-    writes nothing), then return the server clock as the next ``as_of`` (the caller holds the
-    source's lock, as the ``as_of`` protocol requires)."""
+def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[Any], None]) -> str:
+    """Run ``write(conn)`` and log ``commit_id`` in one transaction unless the log has it
+    already (a retry writes nothing), then return the server clock as the next ``as_of`` (the
+    caller holds the source's lock, as the ``as_of`` protocol requires)."""
     import psycopg
 
     with psycopg.connect(config.dsn) as conn:
@@ -63,16 +57,27 @@ def copy_rows(
                 (commit_id, source),
             ).fetchone()
             if done is None:
-                data = to_physical(rows, _existing_columns(conn, config), aliases)
-                cols = ", ".join(quote_ident(c) for c in data.column_names)
-                with conn.cursor().copy(f"COPY {config.qualified()} ({cols}) FROM STDIN") as copy:
-                    for row in data.to_pylist():
-                        copy.write_row(tuple(row.values()))
+                write(conn)
                 conn.execute(
                     "INSERT INTO harness_doput_log (commit_id, source) VALUES (%s, %s)",
                     (commit_id, source),
                 )
         return server_now(conn)  # after the rows committed
+
+
+def copy_rows(
+    config: PostgresConfig,
+    source: str,
+    commit_id: str,
+    rows: pa.Table,
+    aliases: Mapping[str, tuple[str, ...]],
+) -> str:
+    """COPY ``rows`` once per commit id (``_once``); returns the next ``as_of``."""
+
+    def write(conn: Any) -> None:
+        _copy(conn, config.qualified(), to_physical(rows, _existing_columns(conn, config), aliases))
+
+    return _once(config, source, commit_id, write)
 
 
 def _copy(conn: Any, target: str, data: pa.Table) -> None:
@@ -102,57 +107,46 @@ def merge_rows(
     aliases: Mapping[str, tuple[str, ...]],
     key: Sequence[str],
 ) -> str:
-    """Upsert (``INSERT ... ON CONFLICT (key) DO UPDATE``) and delete by key in one transaction
-    with the commit id logged (a retry writes nothing), through staged temporary tables; the
-    versioning triggers keep the replaced and deleted rows in history. The table needs a
-    primary key or unique constraint on ``key``. Returns the next ``as_of``."""
+    """Upsert (``INSERT ... ON CONFLICT (key) DO UPDATE``) and delete by key once per commit id
+    (``_once``), through staged temporary tables; the versioning triggers keep the replaced and
+    deleted rows in history. The table needs a primary key or unique constraint on ``key``.
+    Returns the next ``as_of``."""
+
+    def write(conn: Any) -> None:
+        existing = _existing_columns(conn, config)
+        phys_key = to_physical(pa.table({k: [] for k in key}), existing, aliases).column_names
+        if deletes.num_rows:
+            gone = _staged(conn, config, "harness_deletes", to_physical(deletes, existing, aliases))
+            match = " AND ".join(f"t.{quote_ident(k)} = d.{quote_ident(k)}" for k in phys_key)
+            conn.execute(f"DELETE FROM {config.qualified()} t USING {gone} d WHERE {match}")
+        if upserts.num_rows:
+            _upsert(conn, config, source, to_physical(upserts, existing, aliases), phys_key)
+
+    return _once(config, source, commit_id, write)
+
+
+def _upsert(
+    conn: Any, config: PostgresConfig, source: str, data: pa.Table, key: Sequence[str]
+) -> None:
     import psycopg
 
-    with psycopg.connect(config.dsn) as conn:
-        ensure_current(conn, config.schema)
-        _ensure_log(conn)
-        with conn.transaction():
-            done = conn.execute(
-                "SELECT 1 FROM harness_doput_log WHERE commit_id = %s AND source = %s",
-                (commit_id, source),
-            ).fetchone()
-            if done is None:
-                existing = _existing_columns(conn, config)
-                phys_key = to_physical(pa.table({k: [] for k in key}), existing, aliases)
-                keys = ", ".join(quote_ident(k) for k in phys_key.column_names)
-                if deletes.num_rows:
-                    gone = _staged(
-                        conn, config, "harness_deletes", to_physical(deletes, existing, aliases)
-                    )
-                    match = " AND ".join(
-                        f"t.{quote_ident(k)} = d.{quote_ident(k)}" for k in phys_key.column_names
-                    )
-                    conn.execute(f"DELETE FROM {config.qualified()} t USING {gone} d WHERE {match}")
-                if upserts.num_rows:
-                    data = to_physical(upserts, existing, aliases)
-                    new = _staged(conn, config, "harness_upserts", data)
-                    cols = ", ".join(quote_ident(c) for c in data.column_names)
-                    update = ", ".join(
-                        f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}"
-                        for c in data.column_names
-                        if c not in phys_key.column_names
-                    )
-                    action = f"DO UPDATE SET {update}" if update else "DO NOTHING"
-                    try:
-                        conn.execute(
-                            f"INSERT INTO {config.qualified()} ({cols}) SELECT {cols} FROM {new} "
-                            f"ON CONFLICT ({keys}) {action}"
-                        )
-                    except psycopg.errors.InvalidColumnReference as e:
-                        raise InvalidArgument(
-                            f"source {source!r}: upserts need a primary key or unique "
-                            f"constraint on ({keys}) in {config.qualified()}"
-                        ) from e
-                conn.execute(
-                    "INSERT INTO harness_doput_log (commit_id, source) VALUES (%s, %s)",
-                    (commit_id, source),
-                )
-        return server_now(conn)  # after the rows committed
+    new = _staged(conn, config, "harness_upserts", data)
+    cols = ", ".join(quote_ident(c) for c in data.column_names)
+    keys = ", ".join(quote_ident(k) for k in key)
+    update = ", ".join(
+        f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in data.column_names if c not in key
+    )
+    action = f"DO UPDATE SET {update}" if update else "DO NOTHING"
+    try:
+        conn.execute(
+            f"INSERT INTO {config.qualified()} ({cols}) SELECT {cols} FROM {new} "
+            f"ON CONFLICT ({keys}) {action}"
+        )
+    except psycopg.errors.InvalidColumnReference as e:
+        raise InvalidArgument(
+            f"source {source!r}: upserts need a primary key or unique constraint on ({keys}) "
+            f"in {config.qualified()}"
+        ) from e
 
 
 def alter_tables(config: PostgresConfig, changes: Sequence[Additive]) -> None:
