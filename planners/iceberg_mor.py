@@ -181,7 +181,8 @@ def read_task(scan: Any, planned: Planned, files: Sequence[Any]) -> Iterator[pa.
     for t in files:
         paths = tuple(sorted(d.file_path for d in planned.deletes_for(t.file.file_path)))
         groups.setdefault(paths, []).append(t)
-    full = scan.table_metadata.schema()
+    # Key names as the pinned snapshot's read schema has them (a later rename must not matter).
+    full = scan.projection()
     for paths, group in groups.items():
         if not paths:
             yield from reader.to_record_batches(group)
