@@ -80,8 +80,37 @@ def copy_rows(
     return _once(config, source, commit_id, write)
 
 
+def _csv_ready(t: pa.DataType) -> bool:
+    """Types whose text pyarrow's CSV writer prints as Postgres parses it."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_date(t)
+        or pa.types.is_timestamp(t)
+    )
+
+
 def _copy(conn: Any, target: str, data: pa.Table) -> None:
+    """COPY ``data`` into ``target``: as CSV text pyarrow writes in C++ (a string is always
+    quoted, so "" is an empty string and an unquoted empty field is NULL), row by row through
+    psycopg for types CSV cannot carry (lists, structs, binary, times)."""
+    import io
+
+    import pyarrow.csv as pacsv
+
     cols = ", ".join(quote_ident(c) for c in data.column_names)
+    if all(_csv_ready(f.type) for f in data.schema):
+        options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+        with conn.cursor().copy(f"COPY {target} ({cols}) FROM STDIN (FORMAT csv)") as copy:
+            for batch in data.to_batches(max_chunksize=65_536):
+                buf = io.BytesIO()
+                pacsv.write_csv(batch, buf, options)
+                copy.write(buf.getvalue())
+        return
     with conn.cursor().copy(f"COPY {target} ({cols}) FROM STDIN") as copy:
         for row in data.to_pylist():
             copy.write_row(tuple(row.values()))
