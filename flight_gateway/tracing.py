@@ -85,15 +85,26 @@ def span(name: str, **attributes: Any) -> Iterator[Any]:
         yield s
 
 
+_NOT_LOADED: Any = object()
+_propagate: Any = _NOT_LOADED
+
+
 def current_traceparent() -> str | None:
     """The W3C ``traceparent`` of the caller's current span, if OpenTelemetry is installed
-    and a span is active (used by clients to join the caller's trace)."""
-    try:
-        from opentelemetry import propagate
-    except ImportError:
+    and a span is active (used by clients to join the caller's trace). Whether it is installed
+    is looked up once: a failed import is not cached by Python, and clients ask per call."""
+    global _propagate
+    if _propagate is _NOT_LOADED:
+        try:
+            from opentelemetry import propagate
+
+            _propagate = propagate
+        except ImportError:
+            _propagate = None
+    if _propagate is None:
         return None
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    _propagate.inject(carrier)
     return carrier.get(TRACEPARENT)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,23 +34,25 @@ def _strict(data: pa.Table) -> pa.Table:
     return data.cast(pa.schema(fields))
 
 
-def compact(
-    client: HarnessClient, table: str, source: str, *, rows_per_file: int = 4_000_000
+def rewrite_source(
+    client: HarnessClient,
+    table: str,
+    source: str,
+    write: Callable[[int, str], tuple[list[str], int]],
+    *,
+    owner: str,
+    ttl_s: float = 60,
 ) -> MoveResult:
-    with client.lock(table, [source], owner="compaction", ttl_s=60, wait_s=120) as lock:
+    """Under a lock on ``source``: ``write(pinned version, staging location)`` writes the
+    source's rows as files there and returns (their paths, row count); they replace the
+    source's files in one relocation commit, or are removed if anything fails."""
+    with client.lock(table, [source], owner=owner, ttl_s=ttl_s, wait_s=120) as lock:
         pinned = client.describe(table).version
-        data = _strict(client.read(table, version=pinned, sources=[source]))
         begun = client.begin_write(table, source)
         if begun["mode"] != "stage":
             raise ValueError(f"source {source!r} cannot be compacted: its kind adopts no files")
-        written = []
         try:
-            fs, root = filesystem(begun["location"])
-            for start in range(0, max(data.num_rows, 1), rows_per_file):
-                path = f"{root}/compacted-{uuid.uuid4().hex}.parquet"
-                with fs.open_output_stream(path) as out:
-                    pq.write_table(data.slice(start, rows_per_file), out)
-                written.append(f"{begun['location'].rstrip('/')}/{path.rsplit('/', 1)[1]}")
+            written, rows = write(pinned, begun["location"])
             version = client.commit_write(
                 table,
                 begun["write_id"],
@@ -57,11 +60,28 @@ def compact(
                 source=source,
                 overwrite=True,
                 relocation=True,
-                rows=data.num_rows,
+                rows=rows,
                 lock=lock,
             )
         except BaseException:
             client.abort_write(table, begun["write_id"], source)
             raise
     log.info("compacted %s/%s into %d files as version %d", table, source, len(written), version)
-    return MoveResult(version, data.num_rows)
+    return MoveResult(version, rows)
+
+
+def compact(
+    client: HarnessClient, table: str, source: str, *, rows_per_file: int = 4_000_000
+) -> MoveResult:
+    def write(pinned: int, location: str) -> tuple[list[str], int]:
+        data = _strict(client.read(table, version=pinned, sources=[source]))
+        fs, root = filesystem(location)
+        written = []
+        for start in range(0, max(data.num_rows, 1), rows_per_file):
+            name = f"compacted-{uuid.uuid4().hex}.parquet"
+            with fs.open_output_stream(f"{root}/{name}") as out:
+                pq.write_table(data.slice(start, rows_per_file), out)
+            written.append(f"{location.rstrip('/')}/{name}")
+        return written, data.num_rows
+
+    return rewrite_source(client, table, source, write, owner="compaction")

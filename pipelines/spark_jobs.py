@@ -25,6 +25,7 @@ from typing import Any
 from clients import HarnessClient
 from flight_gateway.protocol import TableInfo
 from flight_gateway.protocol import operations as ops
+from pipelines.compaction import rewrite_source
 from pipelines.movers import KafkaToIcebergMover, MoveResult, PostgresToIcebergMover, checkpoint
 from planners.common import filesystem
 
@@ -169,30 +170,13 @@ def compact(
     gateway's engine-write actions (any kind that adopts files). The commit is a relocation:
     streaming readers do not see the rewritten rows again. Readers pinned to older versions keep
     reading the old files."""
-    with client.lock(table, [source], owner="spark-compaction", ttl_s=600, wait_s=120) as lock:
-        pinned = client.describe(table).version
+
+    def write(pinned: int, location: str) -> tuple[list[str], int]:
         df = _reader(spark, uri, table, token, version=str(pinned), sources=source)
-        begun = client.begin_write(table, source)
-        if begun["mode"] != "stage":
-            raise ValueError(f"source {source!r} cannot be compacted: its kind adopts no files")
-        try:
-            written = _write_parquet(df, f"{begun['location']}/compacted", files)
-            rows = _rows(written)
-            version = client.commit_write(
-                table,
-                begun["write_id"],
-                written,
-                source=source,
-                overwrite=True,
-                relocation=True,
-                rows=rows,
-                lock=lock,
-            )
-        except BaseException:
-            client.abort_write(table, begun["write_id"], source)
-            raise
-    log.info("compacted %s/%s into %d files as version %d", table, source, len(written), version)
-    return MoveResult(version, rows)
+        written = _write_parquet(df, f"{location}/compacted", files)
+        return written, _rows(written)
+
+    return rewrite_source(client, table, source, write, owner="spark-compaction", ttl_s=600)
 
 
 def _parser() -> argparse.ArgumentParser:

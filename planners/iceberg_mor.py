@@ -138,12 +138,6 @@ def delete_keys(io: Any, schema: Any, delete: Any) -> pa.Table:
     return keys
 
 
-def decoded_files() -> int:
-    """How many delete files the cache holds (for tests and metrics)."""
-    with _cache_lock:
-        return len(_cache)
-
-
 def anti_join(data: pa.Table, io: Any, schema: Any, deletes: Sequence[Any]) -> pa.Table:
     """``data`` without the rows any of ``deletes`` matches (one pass per key column set)."""
     by_ids: dict[tuple[int, ...], list[pa.Table]] = {}
