@@ -37,6 +37,7 @@ from planners.common import (
     pushdown,
     to_physical,
 )
+from planners.iceberg_manifests import entries as manifest_entries
 from planners.iceberg_mor import Planned, read_task
 from planners.iceberg_mor import plan as plan_with_deletes
 from planners.kind import (
@@ -250,7 +251,7 @@ def added_data_files(table: Any, snap: Any) -> list[str]:
     return [
         e.data_file.file_path
         for m in snap.manifests(table.io)
-        for e in m.fetch_manifest_entry(table.io)
+        for e in manifest_entries(table.io, m)
         if e.snapshot_id == snap.snapshot_id
     ]
 

@@ -24,6 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from planners.iceberg_manifests import cached
+
 log = logging.getLogger(__name__)
 
 #: Decoded key rows kept across reads (a bound on memory, not a correctness limit).
@@ -70,7 +72,8 @@ def plan(scan: Any) -> Planned:
         return True
 
     planner = scan._manifest_planner  # pyiceberg 0.12: the planner DataScan.plan_files uses
-    tasks = list(planner.plan_files(snapshot.manifests(scan.io), manifest_entry_filter=keep))
+    manifests = cached(snapshot.manifests(scan.io))  # entries decoded once per process
+    tasks = list(planner.plan_files(manifests, manifest_entry_filter=keep))
     if not equality:
         return Planned(tasks)
     specs = scan.table_metadata.specs()

@@ -1,0 +1,91 @@
+"""Iceberg manifest entries, decoded once per gateway process.
+
+A table fed by a mover gains one manifest per commit until compaction or a manifest rewrite
+folds them. pyiceberg decodes every manifest of a snapshot each time that snapshot is planned
+(2-3 ms per manifest here), and each mover commit is a new snapshot, so planning cost grew with
+the commits since the last compaction, and a since-read (``added_data_files``) decoded every
+manifest of every snapshot it walked. Manifests are immutable files named once (the spec's
+"manifests are never rewritten"), so their entries are cached by path: planning a new snapshot
+decodes only its new manifests.
+
+The location check still runs on every use: ``io.new_input`` checks the path against the
+reading source's allow-list (``planners.iceberg_io``) before a cached entry is handed out, so
+one source's cache hit never reads a file another source's reach would refuse.
+
+Entries are shared between threads and plans; pyiceberg's planner and the harness only read
+them after ``fetch_manifest_entry`` has built them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+#: Entries kept over all cached manifests (a data file's entry with column statistics is a
+#: few KB): bounds the cache's memory whatever the tables' sizes.
+MAX_ENTRIES = 50_000
+
+_lock = threading.Lock()
+_cache: OrderedDict[tuple[str, bool], tuple[Any, ...]] = OrderedDict()
+_held = 0
+_stats = {"hits": 0, "misses": 0}
+
+
+def entries(io: Any, manifest: Any, discard_deleted: bool = True) -> list[Any]:
+    """``manifest.fetch_manifest_entry(io, discard_deleted)``, from the cache when it holds it."""
+    global _held
+    path = str(manifest.manifest_path)
+    io.new_input(path)  # the guard's check: raises PERMISSION_DENIED for an outside file
+    key = (path, bool(discard_deleted))
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            _stats["hits"] += 1
+            return list(hit)
+        _stats["misses"] += 1
+    found = tuple(manifest.fetch_manifest_entry(io, discard_deleted=discard_deleted))
+    if len(found) <= MAX_ENTRIES // 4:  # one huge manifest would evict everything else
+        with _lock:
+            if key not in _cache:
+                _cache[key] = found
+                _held += len(found)
+            while _held > MAX_ENTRIES:
+                _, dropped = _cache.popitem(last=False)
+                _held -= len(dropped)
+    return list(found)
+
+
+class CachedManifest:
+    """A pyiceberg ``ManifestFile`` whose entries come from the cache: its planner reads the
+    manifest's summary fields as usual and calls ``fetch_manifest_entry`` for the entries."""
+
+    __slots__ = ("_manifest",)
+
+    def __init__(self, manifest: Any) -> None:
+        self._manifest = manifest
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._manifest, name)
+
+    def fetch_manifest_entry(self, io: Any, discard_deleted: bool = True) -> list[Any]:
+        return entries(io, self._manifest, discard_deleted)
+
+
+def cached(manifests: Iterable[Any]) -> list[CachedManifest]:
+    return [CachedManifest(m) for m in manifests]
+
+
+def stats() -> dict[str, int]:
+    """Hits, misses and entries held (for tests and the metrics endpoint)."""
+    with _lock:
+        return {**_stats, "entries": _held, "manifests": len(_cache)}
+
+
+def clear() -> None:
+    global _held
+    with _lock:
+        _cache.clear()
+        _held = 0
