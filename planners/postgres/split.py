@@ -7,8 +7,16 @@ current table to the history table, and every task reads both tables in one stat
 snapshot), so a version is seen by exactly one task whatever writers do in between. A block
 range would lose or repeat a version that moved between blocks read by different tasks.
 
-How many tasks: the size of both tables over ``TARGET_BYTES``, capped by the source's ``tasks``
-setting. Boundaries come from the column's histogram in ``pg_stats`` (after ANALYZE), else, for
+How many tasks: the bytes the read returns over ``TARGET_BYTES``, capped by the source's
+``tasks`` setting. The bytes are the size of both tables times the share of rows the pushed
+filter keeps (the server's own estimate, ``EXPLAIN``). Why the filter counts: each key-range
+task runs its own sequential scan of the whole table (the server plans a scan, not an index
+range, for a large share of the key), so splitting a selective read multiplies the scanning;
+one task is then better, and Postgres parallelises its scan itself within one snapshot
+(parallel query works under COPY): TPC-H Q6 over 2 M versioned rows read in 0.17 s as one task
+and 0.38 s as four on a 2-core machine. What a single connection serialises is the output
+(formatting, transfer, decoding), which is what splitting spreads.
+Boundaries come from the column's histogram in ``pg_stats`` (after ANALYZE), else, for
 integer keys, from its min and max. A table without a primary key, or too small, is one task.
 """
 
@@ -60,11 +68,31 @@ def _bounds(conn: Any, schema: str, table: str, column: str, type_: str, n: int)
     return [str(lo + (hi - lo) * i // n) for i in range(1, n)]
 
 
+def _kept(conn: Any, schema: str, table: str, where: str | None) -> float:
+    """The share of the current table's rows ``where`` keeps, by the server's estimate."""
+    if not where:
+        return 1.0
+    from psycopg import sql
+
+    query = sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {t} WHERE ").format(
+        t=sql.Identifier(schema, table)
+    )
+    # ``where`` is the pushed filter as to_sql writes it: quoted identifiers, inlined literals.
+    plan = conn.execute(query.as_string(conn) + where).fetchone()[0][0]["Plan"]
+    total = conn.execute(
+        "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+        (sql.Identifier(schema, table).as_string(conn),),
+    ).fetchone()[0]
+    if not total or total <= 0:
+        return 1.0
+    return min(1.0, float(plan["Plan Rows"]) / float(total))
+
+
 def key_ranges(
-    dsn: str, schema: str, table: str, history: str, max_tasks: int
+    dsn: str, schema: str, table: str, history: str, max_tasks: int, where: str | None = None
 ) -> tuple[str, str, list[str]] | None:
     """(key column, its type, boundaries) splitting the table into up to ``max_tasks`` ranges,
-    or None when it is read as one task."""
+    or None when it is read as one task. ``where``: the read's pushed filter (SQL)."""
     import psycopg
     from psycopg import sql
 
@@ -76,7 +104,7 @@ def key_ranges(
         if row is None:
             return None
         column, type_, size = row
-        n = min(max_tasks, math.ceil(size / TARGET_BYTES))
+        n = min(max_tasks, math.ceil(size * _kept(conn, schema, table, where) / TARGET_BYTES))
         if n <= 1 or not _TYPE.match(type_):
             return None
         bounds = _bounds(conn, schema, table, column, type_, n)

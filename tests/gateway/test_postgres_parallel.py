@@ -88,3 +88,58 @@ def test_without_a_primary_key_it_is_one_task(
     )
     assert len(client.flight_info("n").endpoints) == 1
     assert client.read("n").num_rows == 20000
+
+
+def test_a_selective_filter_reads_as_one_task(
+    client: HarnessClient, pg_dsn: str, big: tuple[str, str]
+) -> None:
+    """Each key-range task scans the whole table: a read the server expects to keep few rows
+    is one task (Postgres parallelises that scan itself), an unselective one is split."""
+    name, as_of = big
+    client.create_table("s", [{"name": "id", "type": "int64"}, {"name": "pad", "type": "string"}])
+    client.add_source(
+        "s",
+        "pg",
+        "postgres",
+        config={"dsn": pg_dsn, "table": name, "tasks": 4},
+        state={"as_of": as_of},
+    )
+    assert len(client.flight_info("s", filter="id >= 0").endpoints) == 4
+    selective = "id BETWEEN 100 AND 140 AND pad LIKE 'x%'"
+    assert len(client.flight_info("s", filter=selective).endpoints) == 1
+    assert client.read("s", filter=selective).column("id").to_pylist() == list(range(100, 141))
+
+
+def test_a_task_streams_from_the_server(client: HarnessClient, pg_dsn: str) -> None:
+    """The pinned rows leave Postgres through COPY (no bound parameters), so the first batch
+    arrives while the server is still sending: a prepared statement with parameters makes
+    libpq buffer the whole result first (3x slower, and all of it in memory)."""
+    name, as_of = versioned_table(
+        pg_dsn,
+        "stream",
+        "id bigint primary key, pad text",
+        "SELECT i, repeat('y', 200) FROM generate_series(1, 400000) i",
+    )
+    client.create_table("st", [{"name": "id", "type": "int64"}, {"name": "pad", "type": "string"}])
+    client.add_source(
+        "st",
+        "pg",
+        "postgres",
+        config={"dsn": pg_dsn, "table": name, "tasks": 1},
+        state={"as_of": as_of},
+    )
+    (ep,) = client.flight_info("st", filter="pad <> 'z''s'").endpoints
+    reader = client.read_endpoint(ep)
+    first = reader.read_next_batch()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        running = [
+            r[0]
+            for r in conn.execute(
+                "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND query LIKE %s",
+                (f"%{name}%",),
+            ).fetchall()
+        ]
+    rest = reader.read_all()
+    assert first.num_rows + rest.num_rows == 400_000
+    assert running and all(q.lstrip().upper().startswith("COPY") for q in running), running
