@@ -1,6 +1,7 @@
 """Writes against direct access, in the same run.
 
-1. DoPut ingest into each writable kind vs that kind's own client doing the same write:
+1. DoPut ingest into each writable kind vs that kind's own client doing the same write (best of
+   three, alternating):
    files (pyarrow.parquet), Iceberg (pyiceberg append), Postgres (psycopg COPY), Kafka
    (confluent-kafka produce of JSON). The DoPut figure includes validation, routing, locking
    and the harness commit.
@@ -33,6 +34,9 @@ from flight_gateway.server import GatewayConfig, HarnessFlightServer
 from planners.kafka.produce import produce
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
+
+
+REPEATS = 3
 
 
 def _rows(n: int, start: int = 0) -> pa.Table:
@@ -132,9 +136,12 @@ def _ingest(
         table = f"w_{kind}"
         client.create_table(table, [{"name": f.name, "type": str(f.type)} for f in SCHEMA])
         client.commit(table, add_sources=[{"name": kind, **source}])
-        t_direct = _timed(direct)
-        t_gw = _timed(lambda t=table: client.put(t, data))
-        assert client.read(table).num_rows == n
+        # Best of three, alternating (the first call of either pays one-off set-up costs).
+        t_direct, t_gw = float("inf"), float("inf")
+        for _ in range(REPEATS):
+            t_direct = min(t_direct, _timed(direct))
+            t_gw = min(t_gw, _timed(lambda t=table: client.put(t, data)))
+        assert client.read(table).num_rows == REPEATS * n
         out.append(
             {
                 "case": f"ingest {n:,} rows into {kind}, own client",

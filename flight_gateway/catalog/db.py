@@ -39,7 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import QueuePool
 
 from flight_gateway.errors import HarnessError
 
@@ -182,10 +182,16 @@ def is_sqlite(engine: Engine) -> bool:
 def make_engine(url: str) -> Engine:
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        # NullPool: a connection per use is cheap for SQLite and avoids sharing one across
-        # threads; timeout is the busy timeout for BEGIN IMMEDIATE.
+        # A pool (one thread uses a connection at a time): opening a connection per use cost
+        # more than the transactions it ran, because closing the last connection to a WAL
+        # database checkpoints and deletes the log, with an fsync, every time (a one-row DoPut
+        # took 20 ms, most of it there). timeout is the busy timeout for BEGIN IMMEDIATE.
         engine = create_engine(
-            url, poolclass=NullPool, connect_args={"timeout": 120, "check_same_thread": False}
+            url,
+            poolclass=QueuePool,
+            pool_size=4,
+            max_overflow=60,
+            connect_args={"timeout": 120, "check_same_thread": False},
         )
 
         @event.listens_for(engine, "connect")
