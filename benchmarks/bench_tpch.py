@@ -272,7 +272,7 @@ def _q6_floor(dsn: str, as_of: str, repeats: int) -> dict:
     third too."""
     import adbc_driver_postgresql.dbapi as adbc
 
-    inner = ", ".join(Q6_COLUMNS + ["l_shipdate", "l_quantity"])
+    inner = ", ".join([*Q6_COLUMNS, "l_shipdate", "l_quantity"])
     sql = " UNION ALL ".join(
         f"SELECT {inner} FROM {t} WHERE sys_period @> {as_of}::timestamptz"
         for t in ("lineitem", "lineitem_history")
