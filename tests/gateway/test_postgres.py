@@ -79,8 +79,15 @@ def test_sql_injection_attempts_fail_harmlessly(
         conn.execute(
             f'INSERT INTO "{pg_table}" VALUES (1, %s, 1)', (f"x'); DROP TABLE {pg_table}; --",)
         )
+        # Values travel as literals (E'...' strings): backslashes and quotes must stay data.
+        for i, text in enumerate(["a\\'b", "c\\", "\\' OR 1=1 --", "d\\nx"], start=2):
+            conn.execute(f'INSERT INTO "{pg_table}" VALUES (%s, %s, 1)', (i, text))
         as_of = server_now(conn)
     add_pg_source(client, pg_dsn, pg_table, as_of)
+    for i, text in enumerate(["a\\''b", "c\\", "\\'' OR 1=1 --", "d\\nx"], start=2):
+        assert client.read("t", filter=f"name = '{text}'").column("id").to_pylist() == [i]
+    assert client.read("t", filter="name IN ('c\\', 'zz')").column("id").to_pylist() == [3]
+    assert client.read("t", filter="name LIKE 'c\\%'").column("id").to_pylist() == [3]
     evil = f"x''); DROP TABLE {pg_table}; --"  # SQL-escaped form of the stored value
     assert client.read("t", filter=f"name = '{evil}'").column("id").to_pylist() == [1]
     assert client.read("t", filter="name LIKE 'x''); DROP TABLE %'").num_rows == 1
@@ -95,7 +102,7 @@ def test_sql_injection_attempts_fail_harmlessly(
     with pytest.raises(InvalidArgument, match="unknown column"):
         client.read("t", columns=[f'id"; DROP TABLE {pg_table}; --'])
     with psycopg.connect(pg_dsn) as conn:  # the table is still there and intact
-        assert conn.execute(f'SELECT count(*) FROM "{pg_table}"').fetchone() == (1,)
+        assert conn.execute(f'SELECT count(*) FROM "{pg_table}"').fetchone() == (5,)
 
 
 @pytest.mark.slow
