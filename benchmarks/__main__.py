@@ -12,7 +12,9 @@ import logging
 import os
 import pkgutil
 import platform
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import benchmarks
@@ -48,17 +50,23 @@ def main() -> None:
     names = sorted(
         m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name.startswith("bench_")
     )
+    failed: list[str] = []
     for name in names:
         if args.only and args.only not in name:
             continue
-        module = importlib.import_module(f"benchmarks.{name}")
         started = time.perf_counter()
         print(f"== {name} ...", flush=True)
-        for row in module.run(quick=args.quick):
-            row = {"benchmark": name.removeprefix("bench_"), **row}
-            rows.append(row)
-            shown = {k: v for k, v in row.items() if k != "series"}
-            print("  ", json.dumps(shown), flush=True)
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+            for row in module.run(quick=args.quick):
+                row = {"benchmark": name.removeprefix("bench_"), **row}
+                rows.append(row)
+                shown = {k: v for k, v in row.items() if k != "series"}
+                print("  ", json.dumps(shown), flush=True)
+        except Exception as e:  # the others still run; the exit status reports it
+            traceback.print_exc()
+            failed.append(name)
+            rows.append({"benchmark": name.removeprefix("bench_"), "case": f"FAILED: {e!r}"[:300]})
         print(f"   ({time.perf_counter() - started:.1f}s)", flush=True)
     meta = {
         "when": stamp,
@@ -75,6 +83,8 @@ def main() -> None:
         table + markdown_links(write_charts(rows, RESULTS, "latest"))
     )
     print(table)
+    if failed:
+        sys.exit(f"benchmarks failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

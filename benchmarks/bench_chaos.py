@@ -58,6 +58,8 @@ def _rows(case: str, load: Load, seconds: float, lost: int, dup: int) -> Iterato
     }
     yield {"case": f"{case}: rows lost", "value": lost, "unit": "rows"}
     yield {"case": f"{case}: rows duplicated", "value": dup, "unit": "rows"}
+    if lost or dup:  # reported above, and the run fails (CI runs the quick mode)
+        raise AssertionError(f"{case}: {lost} acknowledged rows lost, {dup} duplicated")
 
 
 def _failover(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[str, Any]]:
