@@ -41,7 +41,10 @@ def _markdown(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
-    parser.add_argument("--only", help="run only benchmarks whose module name contains this")
+    parser.add_argument(
+        "--only",
+        help="run only benchmarks whose module name contains this (or one of these, comma-separated)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(exist_ok=True)
@@ -52,7 +55,7 @@ def main() -> None:
     )
     failed: list[str] = []
     for name in names:
-        if args.only and args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         started = time.perf_counter()
         print(f"== {name} ...", flush=True)

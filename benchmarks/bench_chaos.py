@@ -55,6 +55,7 @@ def _rows(case: str, load: Load, seconds: float, lost: int, dup: int) -> Iterato
         "p50_ms": percentile_ms(load.read_s, 50),
         "p99_ms": percentile_ms(load.read_s, 99),
         "failed": len(load.errors),
+        **({"failures": "; ".join(load.errors[:6])[:600]} if load.errors else {}),
     }
     yield {"case": f"{case}: rows lost", "value": lost, "unit": "rows"}
     yield {"case": f"{case}: rows duplicated", "value": dup, "unit": "rows"}
@@ -62,10 +63,23 @@ def _rows(case: str, load: Load, seconds: float, lost: int, dup: int) -> Iterato
         raise AssertionError(f"{case}: {lost} acknowledged rows lost, {dup} duplicated")
 
 
+def _limits(writers: int, readers: int) -> dict[str, Any]:
+    """Every client here is the one anonymous principal standing in for many users, so the
+    per-principal limits (4 uploads, 64 streams by default) are raised to the load's size, as
+    an operator would for such a caller; a refusal left over is retried by the client (Busy)."""
+    return {
+        "limits": {
+            "max_uploads_per_principal": writers,
+            "max_concurrent_uploads": writers,
+            "max_streams_per_principal": 8 * readers + writers,
+        }
+    }
+
+
 def _failover(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[str, Any]]:
     seconds, every, writers, readers = (30, 8, 4, 4) if quick else (180, 20, 16, 16)
     url = _catalog(dsn, "failover")
-    replicas = [GatewayProcess(url, root) for _ in range(2)]
+    replicas = [GatewayProcess(url, root, **_limits(writers, readers)) for _ in range(2)]
     for r in replicas:
         r.start()
     try:
@@ -93,7 +107,7 @@ def _failover(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dic
 
 def _load(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[str, Any]]:
     seconds, writers, readers = (20, 4, 16) if quick else (600, 16, 64)
-    gw = GatewayProcess(_catalog(dsn, "load"), root)
+    gw = GatewayProcess(_catalog(dsn, "load"), root, **_limits(writers, readers))
     gw.start()
     try:
         with HarnessClient(gw.uri) as client:

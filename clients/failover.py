@@ -6,11 +6,17 @@ reset, stream removed) is repeated on the next replica: planning and metadata re
 are, DoGet of a ticket from its start (the caller drops what the cut stream delivered), DoPut
 and commits with their commit id (a repeat of one that landed answers ``applied: false``).
 Calls that are not idempotent (taking a lock, creating a table) are never repeated.
+
+A call a gateway refused because a concurrency limit was full (RESOURCE_EXHAUSTED of kind
+``busy``: too many streams, uploads or statements in progress) did nothing, so any call is
+repeated after a jittered back-off, for up to ``busy_s``: the gateway sheds load at once and
+well-behaved clients come back later, as its limits documentation asks.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +24,8 @@ from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as fl
+
+from flight_gateway.protocol.errors import is_busy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,11 +77,12 @@ def never_sent(exc: BaseException) -> bool:
 class Replicas:
     """The gateway addresses a client may use, the first one preferred until it fails."""
 
-    def __init__(self, uris: Sequence[str], window_s: float) -> None:
+    def __init__(self, uris: Sequence[str], window_s: float, busy_s: float = 0.0) -> None:
         if not uris:
             raise ValueError("at least one gateway address is needed")
         self.uris = list(dict.fromkeys(uris))
         self.window_s = window_s  # how long to keep trying across replicas
+        self.busy_s = busy_s  # how long to keep retrying a call refused as busy
         self._current = 0
         self._lock = threading.Lock()
 
@@ -94,17 +103,26 @@ class Replicas:
         ``unsent_only`` (a call that is not safe to repeat) only after failures to connect."""
         retryable = never_sent if unsent_only else is_transport_failure
         deadline = time.monotonic() + self.window_s
-        pause = 0.05
+        busy_until = time.monotonic() + self.busy_s
+        pause, busy_pause = 0.05, 0.02
         while True:
             order = list(dict.fromkeys([*prefer, self.current, *self.uris]))
+            busy = False
             for uri in order:
                 try:
                     return call(uri)
                 except Exception as e:
+                    if is_busy(e) and time.monotonic() < busy_until:
+                        busy = True
+                        break
                     if not retryable(e) or time.monotonic() > deadline:
                         raise
                     log.info("gateway %s unreachable (%s); trying another replica", uri, e)
                     if uri in self.uris:
                         self._next_after(uri)
+            if busy:  # jittered, so that refused callers do not all come back at once
+                time.sleep(busy_pause * random.uniform(0.5, 1.5))
+                busy_pause = min(busy_pause * 2, 1.0)
+                continue
             time.sleep(pause)
             pause = min(pause * 2, 1.0)

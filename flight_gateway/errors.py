@@ -70,9 +70,14 @@ class TimedOut(HarnessError):
 
 
 class ResourceExhausted(HarnessError):
-    """A per-caller limit was reached (concurrent streams); retry later."""
+    """A limit was reached: a request too large, or too many calls at once (``Busy``)."""
 
     status = "RESOURCE_EXHAUSTED"
+
+
+class Busy(ResourceExhausted):
+    """Every slot of a concurrency limit is taken: the call was refused before it did anything,
+    so the same call succeeds later (the Python client waits and retries it)."""
 
 
 _CONTENT = [

@@ -47,10 +47,20 @@ def to_flight_error(err: E.HarnessError) -> Exception:
         if isinstance(err, E.LockExpired)
         else "lock_unavailable"
         if isinstance(err, E.LockUnavailable)
+        else "busy"
+        if isinstance(err, E.Busy)
         else ""
     )
     info = json.dumps({"code": err.status, "kind": kind}).encode()
     return fl.FlightServerError(f"[{err.status}] {msg}", info)
+
+
+def is_busy(exc: BaseException) -> bool:
+    """A refusal by a concurrency limit (``errors.Busy``): the call did nothing yet."""
+    if isinstance(exc, E.Busy):
+        return True
+    info = getattr(exc, "extra_info", None)
+    return isinstance(exc, fl.FlightServerError) and b'"kind": "busy"' in bytes(info or b"")
 
 
 def _clean(msg: str) -> str:
@@ -69,6 +79,8 @@ def from_flight_error(exc: Exception) -> Exception:
             prefix = f"[{status}] "
             if prefix in msg:
                 text = msg.split(prefix, 1)[1]
+                if status == "RESOURCE_EXHAUSTED" and is_busy(exc):
+                    return E.Busy(text)
                 if status == "FAILED_PRECONDITION":
                     if "lock_expired" in str(getattr(exc, "extra_info", b"")):
                         return E.LockExpired(text)

@@ -1,6 +1,7 @@
 """Bounded slots for calls in progress (DoGet streams, SQL statements, DoPut uploads), per
 principal and optionally gateway-wide. Over a limit a call fails at once with
-RESOURCE_EXHAUSTED naming the limit; it never waits."""
+RESOURCE_EXHAUSTED naming the limit (kind ``busy`` in its details: nothing was done, so a retry
+later is safe); it never waits."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from flight_gateway.errors import ResourceExhausted
+from flight_gateway.errors import Busy
 
 
 class Slots:
@@ -33,12 +34,12 @@ class Slots:
     def acquire(self, name: str) -> None:
         with self._lock:
             if self._open.get(name, 0) >= self.per_principal:
-                raise ResourceExhausted(
+                raise Busy(
                     f"{name!r} has {self.per_principal} {self._what} in progress "
                     f"(limits.{self._names[0]}); retry when one has finished"
                 )
             if self.total is not None and sum(self._open.values()) >= self.total:
-                raise ResourceExhausted(
+                raise Busy(
                     f"the gateway has {self.total} {self._what} in progress "
                     f"(limits.{self._names[1]}); retry later"
                 )

@@ -86,8 +86,10 @@ class DuckLakeFixture:
         return {**self.config, "table": table}
 
 
-def client_for(server: HarnessFlightServer, token: str | None = None) -> HarnessClient:
-    return HarnessClient(f"grpc://127.0.0.1:{server.port}", token=token)
+def client_for(
+    server: HarnessFlightServer, token: str | None = None, **options: Any
+) -> HarnessClient:
+    return HarnessClient(f"grpc://127.0.0.1:{server.port}", token=token, **options)
 
 
 def versioned_table(

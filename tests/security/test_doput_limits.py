@@ -40,8 +40,9 @@ ZSTD = fl.FlightCallOptions(write_options=pa.ipc.IpcWriteOptions(compression="zs
 class Gw:
     def __init__(self, server: HarnessFlightServer, data: Path) -> None:
         self.server, self.data = server, data
+        # Refusals by a full limit raise at once here (no waiting for a slot to free).
         self.c: dict[str, HarnessClient] = {
-            t.split("-")[0]: client_for(server, token=t) for t in TOKENS
+            t.split("-")[0]: client_for(server, token=t, busy_wait_s=0) for t in TOKENS
         }
 
     def flight(self, token: str) -> tuple[fl.FlightClient, fl.FlightCallOptions]:
@@ -232,6 +233,25 @@ def test_concurrent_uploads_per_principal_are_bounded(tmp_path: Path) -> None:
         # The held upload finished and committed; its slot is free again.
         assert gw.c["writer"].put("t", pa.table({"id": [12]}))["rows"] == 1
         assert gw.ids() == [1, 2, 3, 11, 12, 100]
+
+
+def test_a_client_retries_a_busy_refusal_until_a_slot_frees(tmp_path: Path) -> None:
+    """RESOURCE_EXHAUSTED of kind busy means the call did nothing: the client backs off and
+    sends it again, so a burst of writers over the limit all land once a slot frees."""
+    with gateway(tmp_path, max_uploads_per_principal=1) as gw:
+        patient = client_for(gw.server, token="writer-token", busy_wait_s=30)
+        done: list[dict[str, Any]] = []
+        with held_upload(gw, "writer-token", "writer", "slow-1"):
+            waiting = threading.Thread(
+                target=lambda: done.append(patient.put("t", pa.table({"id": [7]})))
+            )
+            waiting.start()
+            time.sleep(0.5)
+            assert waiting.is_alive() and not done  # refused, waiting for the slot
+        waiting.join(30)
+        assert done and done[0]["rows"] == 1
+        patient.close()
+        assert gw.ids() == [1, 2, 3, 7, 100]
 
 
 def test_uploads_in_progress_are_bounded_gateway_wide(tmp_path: Path) -> None:

@@ -40,8 +40,8 @@ def secure(tmp_path: Path, **config: object) -> Iterator[dict[str, HarnessClient
     config.setdefault("reach", {"paths": [str(tmp_path / "data")]})
     config.setdefault("allow_anonymous", False)
     with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", **config) as (server, _):
-        clients = {t.split("-")[0]: client_for(server, token=t) for t in TOKENS}
-        clients["anonymous"] = client_for(server)
+        clients = {t.split("-")[0]: client_for(server, token=t, busy_wait_s=0) for t in TOKENS}
+        clients["anonymous"] = client_for(server, busy_wait_s=0)
         clients["server"] = server  # type: ignore[assignment]
         try:
             yield clients
