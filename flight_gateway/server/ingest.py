@@ -30,6 +30,7 @@ from flight_gateway.arrow_types import parse_type
 from flight_gateway.catalog import SourceSnapshot, TableSnapshot
 from flight_gateway.errors import InvalidArgument, ResourceExhausted
 from flight_gateway.protocol import operations as ops
+from flight_gateway.server.alignment import aligned
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.context import Gateway
 from flight_gateway.server.lease import leased
@@ -159,10 +160,11 @@ def memory_is_exhaustion(what: str) -> Iterator[None]:
 
 
 def _decoded(reader: Any) -> Iterator[pa.RecordBatch]:
-    """The uploaded batches as the reader decodes them (metadata-only messages skipped)."""
+    """The uploaded batches as the reader decodes them (metadata-only messages skipped), with
+    misaligned buffers realigned (``alignment``)."""
     for chunk in reader:
         if chunk.data is not None:
-            yield chunk.data
+            yield aligned(chunk.data)
 
 
 def read_upload(reader: Any, max_bytes: int) -> pa.Table:

@@ -1,5 +1,6 @@
 """Run with ACERO_ALIGNMENT_HANDLING=error (Acero then fails instead of warning): reads through
-the gateway, then DuckDB over the client's table, and a ``flight`` source's residual filter."""
+the gateway, then DuckDB over the client's table, a ``flight`` source's residual filter, and
+upserts whose uploaded batches the gateway groups by key (uploads arrive misaligned too)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from tests.gateway.helpers import client_for, running_gateway, write_parquet
+from tests.gateway.helpers import IcebergFixture, client_for, running_gateway, write_parquet
 
 N = 300_000
 DATA = pa.table(
@@ -31,6 +32,22 @@ class Upstream(fl.FlightServerBase):
 
     def do_get(self, context, ticket):  # type: ignore[no-untyped-def]
         return fl.RecordBatchStream(DATA)
+
+
+def _upserts(client: object, root: Path) -> None:
+    from clients import HarnessClient
+
+    assert isinstance(client, HarnessClient)
+    key = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.float64())])
+    ice = IcebergFixture(root / "ice")
+    ice.catalog.create_table("db.u", schema=key, properties={"format-version": "2"})
+    client.create_table("u", key, primary_key=["id"])
+    client.add_source("u", "ice", "iceberg", config=ice.source_config("u"))
+    for start in (0, 500):  # the second upload updates half of the first one's keys
+        ids = pa.array(range(start, start + 1000), pa.int64())
+        client.put("u", pa.table({"id": ids, "v": pa.array([float(start)] * 1000)}), merge=True)
+    got = client.read("u").sort_by("id")
+    assert got.num_rows == 1500 and got.column("v")[999].as_py() == 500.0
 
 
 def main() -> None:
@@ -56,6 +73,7 @@ def main() -> None:
             n, qty = con.execute("SELECT count(*), sum(qty) FROM x WHERE price >= 0").fetchone()
             assert (n, qty) == (N - 10, sum(range(10, N))), (n, qty)
             con.unregister("x")
+        _upserts(client, root)
         client.close()
     print("aligned")
 
