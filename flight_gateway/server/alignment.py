@@ -35,9 +35,7 @@ def _misaligned(arr: pa.Array) -> bool:
     t = arr.type
     if pa.types.is_nested(t) or pa.types.is_dictionary(t):
         return any(b is not None and b.address % 8 for b in arr.buffers()[1:])
-    return any(
-        b is not None and b.address % _required(t, i) for i, b in enumerate(arr.buffers())
-    )
+    return any(b is not None and b.address % _required(t, i) for i, b in enumerate(arr.buffers()))
 
 
 def aligned(batch: pa.RecordBatch) -> pa.RecordBatch:
