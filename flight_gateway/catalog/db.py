@@ -182,15 +182,17 @@ def is_sqlite(engine: Engine) -> bool:
 def make_engine(url: str) -> Engine:
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        # A pool (one thread uses a connection at a time): opening a connection per use cost
-        # more than the transactions it ran, because closing the last connection to a WAL
-        # database checkpoints and deletes the log, with an fsync, every time (a one-row DoPut
-        # took 20 ms, most of it there). timeout is the busy timeout for BEGIN IMMEDIATE.
+        # A few connections kept open (one thread uses a connection at a time): opening one
+        # per use cost more than the transactions it ran, because closing the last connection
+        # to a WAL database checkpoints and deletes the log, with an fsync, every time (a
+        # one-row DoPut took 20 ms, most of it there). No cap beyond them (max_overflow=-1),
+        # as before: a caller never waits for a pooled connection, only for SQLite's own
+        # lock (timeout: the busy timeout for BEGIN IMMEDIATE).
         engine = create_engine(
             url,
             poolclass=QueuePool,
             pool_size=4,
-            max_overflow=60,
+            max_overflow=-1,
             connect_args={"timeout": 120, "check_same_thread": False},
         )
 

@@ -255,25 +255,6 @@ def _key_range(payload: Mapping[str, Any], bind: Callable[[Any], str]) -> str:
     return out
 
 
-class _Binder:
-    """Values of a task's SQL, written as literals (``inline``) or as bound ``$n`` parameters.
-
-    Why literals: the ADBC driver streams a query without parameters through COPY (binary,
-    pipelined with the server), but runs one with parameters as a prepared statement whose
-    whole result libpq buffers before the first batch: 3x slower on 2 M rows, and the memory of
-    the whole result. Parameters remain the fallback for a value with no literal form."""
-
-    def __init__(self, inline: bool) -> None:
-        self.inline = inline
-        self.params: list[Any] = []
-
-    def __call__(self, value: Any) -> str:
-        if self.inline:
-            return postgres_literal(value)
-        self.params.append(value)
-        return f"${len(self.params)}"
-
-
 def _output(name: str, data_type: str) -> str:
     """How a column leaves the server. NUMERIC is sent as text: Postgres formats it, Arrow
     parses text to decimal in bulk (both exact), which is several times faster than the
@@ -373,15 +354,19 @@ class PostgresKind(SourceKind):
         config: PostgresConfig,
         mapping: dict[str, str],
         types: dict[str, str],
-    ) -> tuple[str, list[Any]]:
-        """The SQL of a task (pinned rows, or the row versions a since-task covers): values
-        inlined as literals when they all have one, else bound as parameters (``_Binder``).
-        The filter applies to the columns as stored; the outer select only changes how they
-        travel."""
+    ) -> str:
+        """The SQL of a task (pinned rows, or the row versions a since-task covers), its values
+        written as literals. Why not parameters: the ADBC driver streams a query without them
+        through binary COPY, pipelined with the server, but runs one with them as a prepared
+        statement whose whole result libpq buffers before the first batch (3x slower on 2 M
+        rows, and all of it in memory). The filter applies to the columns as stored; the
+        outer select only changes how they travel."""
         try:
-            return self._sql(request, task, config, mapping, types, _Binder(inline=True))
-        except ValueError:  # a value with no literal form (text holding NUL, say)
-            return self._sql(request, task, config, mapping, types, _Binder(inline=False))
+            return self._sql(request, task, config, mapping, types)
+        except ValueError as e:  # the one value with no literal: text holding NUL
+            raise InvalidArgument(
+                f"source {request.source.name!r}: a filter value cannot be sent to PostgreSQL: {e}"
+            ) from e
 
     def _sql(
         self,
@@ -390,28 +375,23 @@ class PostgresKind(SourceKind):
         config: PostgresConfig,
         mapping: dict[str, str],
         types: dict[str, str],
-        bind: _Binder,
-    ) -> tuple[str, list[Any]]:
+    ) -> str:
+        lit = postgres_literal
         if "until" in task.payload:
-            written = f"lower(sys_period) <= {bind(task.payload['until'])}::timestamptz"
+            written = f"lower(sys_period) <= {lit(task.payload['until'])}::timestamptz"
             if task.payload.get("written_after"):
-                written += f" AND lower(sys_period) > {bind(task.payload['written_after'])}"
+                written += f" AND lower(sys_period) > {lit(task.payload['written_after'])}"
                 written += "::timestamptz"
         else:
-            written = f"sys_period @> {bind(request.source.state['as_of'])}::timestamptz"
-            written += _key_range(task.payload, bind)
+            written = f"sys_period @> {lit(request.source.state['as_of'])}::timestamptz"
+            written += _key_range(task.payload, lit)
         sql = _versioned(config, mapping, types, written, _output)
         pred = pushdown(request, mapping)
         if pred is not None:
-            if bind.inline:
-                where, _ = to_sql(pred, "$", inline=postgres_literal)
-            else:
-                where, more = to_sql(pred, "$", first_param=len(bind.params) + 1)
-                bind.params.extend(more)
-            sql += f" WHERE {where}"
+            sql += f" WHERE {to_sql(pred, '$', inline=lit)[0]}"
         if request.limit is not None and (request.predicate is None or pred is not None):
             sql += f" LIMIT {int(request.limit)}"
-        return sql, bind.params
+        return sql
 
     def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> PostgresScan | None:
         """The pinned rows as one SELECT with the as-of instant inlined (DuckDB's
@@ -446,8 +426,7 @@ class PostgresKind(SourceKind):
             cur = con.cursor()
             types = _columns(cur, config, src.name)
             mapping = physical_names(cols, types)
-            sql, params = self._select(request, task, config, mapping, types)
-            cur.execute(sql, parameters=tuple(params) or None)
+            cur.execute(self._select(request, task, config, mapping, types))
             reader = cur.fetch_record_batch()
         except Exception as e:
             con.close()

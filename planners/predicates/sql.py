@@ -1,7 +1,8 @@
-"""AST -> a parameterised SQL WHERE clause for DuckDB and PostgreSQL.
+"""AST -> a SQL WHERE clause for DuckDB and PostgreSQL.
 
-Identifiers are always quoted and literals always bound as parameters: user text never
-becomes SQL text.
+Identifiers are always quoted. Values are bound as parameters, or, where a statement must carry
+none (``inline``: Postgres reads, which ADBC then streams through COPY, and DuckDB's
+``postgres_query``), written by ``postgres_literal``: user text never becomes SQL syntax.
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def postgres_literal(value: Any) -> str:
     if isinstance(value, str):
         if "\0" in value:
             raise ValueError("PostgreSQL text cannot hold NUL")
-        return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+        # Typed as text, as a bound text parameter was: comparisons keep text semantics (a
+        # char(n) or citext column compares as it did, not by an untyped literal's rules).
+        return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'::text"
     if isinstance(value, bytes):
         return f"E'\\\\x{value.hex()}'::bytea"
     raise ValueError(f"no PostgreSQL literal for {type(value).__name__}")

@@ -88,6 +88,8 @@ def test_sql_injection_attempts_fail_harmlessly(
         assert client.read("t", filter=f"name = '{text}'").column("id").to_pylist() == [i]
     assert client.read("t", filter="name IN ('c\\', 'zz')").column("id").to_pylist() == [3]
     assert client.read("t", filter="name LIKE 'c\\%'").column("id").to_pylist() == [3]
+    with pytest.raises(InvalidArgument, match="NUL"):  # Postgres text cannot hold one
+        client.read("t", filter="name = 'a\x00b'")
     evil = f"x''); DROP TABLE {pg_table}; --"  # SQL-escaped form of the stored value
     assert client.read("t", filter=f"name = '{evil}'").column("id").to_pylist() == [1]
     assert client.read("t", filter="name LIKE 'x''); DROP TABLE %'").num_rows == 1
