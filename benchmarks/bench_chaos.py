@@ -47,6 +47,7 @@ def _rows(case: str, load: Load, seconds: float, lost: int, dup: int) -> Iterato
         "p50_ms": percentile_ms(load.commit_s, 50),
         "p99_ms": percentile_ms(load.commit_s, 99),
         "failed": len(load.errors),
+        "retries": load.lock_retries,
     }
     yield {
         "case": f"{case}: reads/s",
@@ -105,21 +106,52 @@ def _failover(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dic
             r.stop()
 
 
+@contextlib.contextmanager
+def _maintained(url: str, every_s: float = 10.0) -> Iterator[None]:
+    """Maintenance every ``every_s`` while the load runs, as an operator runs it: versions past
+    ``retention.keep_last`` expire, and with them Iceberg snapshots and unreferenced files
+    (after a grace longer than a read takes here). Without it every Iceberg commit rewrites a
+    metadata file listing every snapshot so far, and commits slow down as the run goes on."""
+    import threading
+
+    from flight_gateway.catalog import Catalog
+    from flight_gateway.maintenance import run_once
+
+    catalog, stop = Catalog(url), threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            run_once(catalog, grace_s=300)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(120)
+        catalog.close()
+
+
 def _load(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[str, Any]]:
     seconds, writers, readers = (20, 4, 16) if quick else (600, 16, 64)
-    gw = GatewayProcess(_catalog(dsn, "load"), root, **_limits(writers, readers))
+    url = _catalog(dsn, "load")
+    gw = GatewayProcess(url, root, **_limits(writers, readers))
     gw.start()
     try:
         with HarnessClient(gw.uri) as client:
             make_table(client, root / "load", dsn, bootstrap)
+            # Versions older than the last 2,000 (a few minutes here) expire.
+            client.commit("t", properties={"retention.keep_last": 2000})
         load = Load([gw.uri])
-        threads = load.run(writers, readers)
-        time.sleep(min(10.0, seconds / 4))
-        rss_start = gw.rss_mb()
-        started = time.monotonic()
-        time.sleep(seconds)
-        rss_end = gw.rss_mb()
-        load.finish(threads)
+        with _maintained(url):
+            threads = load.run(writers, readers)
+            time.sleep(min(10.0, seconds / 4))
+            rss_start = gw.rss_mb()
+            started = time.monotonic()
+            time.sleep(seconds)
+            rss_end = gw.rss_mb()
+            load.finish(threads)
         elapsed = time.monotonic() - started
         lost, dup = _check(load, gw.uri, [])
         yield from _rows(f"load {writers}w+{readers}r", load, elapsed, lost, dup)

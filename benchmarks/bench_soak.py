@@ -122,7 +122,8 @@ class _Soak:
         self.uri, self.catalog, self.ice_props = uri, catalog, ice_props
         self.bootstrap = bootstrap
         self.stop = threading.Event()
-        self.reads: list[tuple[float, float, float]] = []  # (finished at, plan s, fetch s)
+        #: (finished at, plan s, fetch s, rows read)
+        self.reads: list[tuple[float, float, float, int]] = []
         self.rss: list[tuple[float, float]] = []
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
@@ -166,10 +167,9 @@ class _Soak:
             t0 = time.perf_counter()
             info = client.flight_info(TABLE)
             t1 = time.perf_counter()
-            for ep in info.endpoints:
-                client.fetch_endpoint(ep)
+            rows = sum(client.fetch_endpoint(ep).num_rows for ep in info.endpoints)
             t2 = time.perf_counter()
-            self.reads.append((t2 - self.t0, t1 - t0, t2 - t1))
+            self.reads.append((t2 - self.t0, t1 - t0, t2 - t1, rows))
 
         self._loop("read", step)
 
@@ -210,15 +210,20 @@ class _Soak:
             t.join(60)
 
 
-def _window(reads: list[tuple[float, float, float]], lo: float, hi: float) -> dict[str, float]:
+def _window(reads: list[tuple[float, float, float, int]], lo: float, hi: float) -> dict[str, float]:
     sel = [r for r in reads if lo <= r[0] < hi]
     if not sel:
-        return {"reads": 0, "p50": float("nan"), "plan": float("nan"), "fetch": float("nan")}
+        nan = float("nan")
+        return {"reads": 0, "p50": nan, "plan": nan, "fetch": nan, "rows": nan, "us_per_row": nan}
     return {
         "reads": len(sel),
         "p50": 1000 * statistics.median(r[1] + r[2] for r in sel),
         "plan": 1000 * statistics.median(r[1] for r in sel),
         "fetch": 1000 * statistics.median(r[2] for r in sel),
+        "rows": statistics.median(r[3] for r in sel),
+        # The table grows as the producer appends: fetch time per row read separates what
+        # more data costs from what history would.
+        "us_per_row": 1e6 * statistics.median(r[2] / max(1, r[3]) for r in sel),
         "per_min": len(sel) * 60 / (hi - lo),
     }
 
@@ -365,6 +370,13 @@ def run(quick: bool = False) -> list[dict]:
             "unit": "ms",
             "ratio": ratio(end["fetch"], start["fetch"]),
             "ratio_vs": f"start ({start['fetch']:.2f} ms)",
+        },
+        {
+            "case": f"soak fetch time per row read, end ({end['rows']:,.0f} rows a read)",
+            "value": round(end["us_per_row"], 3),
+            "unit": "us/row",
+            "ratio": ratio(end["us_per_row"], start["us_per_row"]),
+            "ratio_vs": f"start ({start['us_per_row']:.3f} us/row, {start['rows']:,.0f} rows)",
         },
         {
             "case": "soak RSS end",

@@ -88,6 +88,7 @@ class Load:
         self.lock = threading.Lock()
         self.acked: set[int] = set()
         self.errors: list[str] = []
+        self.lock_retries = 0  # DoPuts sent again after waiting past the gateway's lock wait
         self.commit_s: list[float] = []
         self.read_s: list[float] = []
 
@@ -105,13 +106,29 @@ class Load:
                 first = (n * 10**6 + i) * self.batch
                 started = time.perf_counter()
                 try:
-                    client.put("t", rows(region, first, self.batch), source=region)
+                    self._put(client, region, first)
                 except Exception as e:  # failover gave up
                     self.errors.append(f"writer {n}: {type(e).__name__}: {e}")
                     return
                 with self.lock:
                     self.commit_s.append(time.perf_counter() - started)
                     self.acked.update(range(first, first + self.batch))
+
+    def _put(self, client: HarnessClient, region: str, first: int) -> None:
+        """One DoPut, sent again with its commit id when its sources stayed locked past the
+        gateway's wait (LockUnavailable: nothing was written), as a writer should."""
+        from flight_gateway.errors import LockUnavailable
+
+        commit_id = uuid.uuid4().hex
+        while True:
+            try:
+                client.put("t", rows(region, first, self.batch), source=region, commit_id=commit_id)
+                return
+            except LockUnavailable:
+                with self.lock:
+                    self.lock_retries += 1
+                if self.stop.is_set():
+                    raise
 
     def read(self, n: int) -> None:
         with self.client(n) as client:

@@ -9,6 +9,12 @@ memory. Reading 16 M rows (512 MB) over loopback spent a quarter of its CPU time
 up to 4 MiB from the arenas and keeping up to 64 MiB free at an arena's top removes most of
 it (10-25 % less CPU per 16 M-row read over loopback, docs/operations.md).
 
+A server also returns free memory to the system every ``TRIM_EVERY_S`` (``malloc_trim``):
+with a thread arena per busy thread, freed message buffers stay scattered inside the arenas'
+heaps, which trimming at the top alone never gives back. Under the chaos bench's 16 writers and
+64 readers the gateway held 287 MB of malloc memory with 87 MB in use after 2.5 minutes, and
+``malloc_trim`` took its resident size from 604 MB to 506 MB.
+
 Process-wide, once; skipped where it cannot apply (not glibc) or where the process already
 tunes malloc (``GLIBC_TUNABLES``, ``MALLOC_*_`` variables), or with
 ``HARNESS_MALLOC_TUNING=0``. The gateway applies it by default; a client process (which may be
@@ -22,6 +28,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +37,11 @@ TRIM_THRESHOLD = 64 << 20
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
+TRIM_EVERY_S = 30.0
+
 _lock = threading.Lock()
 _done = False
+_trimming = False
 
 
 def _tuned_elsewhere(default_on: bool) -> bool:
@@ -64,3 +74,22 @@ def tune_for_flight(default_on: bool = True) -> bool:
         if not ok:
             log.debug("mallopt refused the Flight allocator settings")
         return ok
+
+
+def trim_periodically(every_s: float = TRIM_EVERY_S) -> bool:
+    """Start (once per process) a daemon thread that calls glibc's ``malloc_trim(0)`` every
+    ``every_s``; True when it runs. Only where the settings above are in effect."""
+    global _trimming
+    with _lock:
+        if _trimming or not _done:
+            return _trimming
+        trim = ctypes.CDLL(None).malloc_trim
+        _trimming = True
+
+    def loop() -> None:
+        while True:
+            time.sleep(every_s)
+            trim(0)
+
+    threading.Thread(target=loop, name="harness-malloc-trim", daemon=True).start()
+    return True

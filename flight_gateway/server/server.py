@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway import tracing
-from flight_gateway.allocator import tune_for_flight
+from flight_gateway.allocator import trim_periodically, tune_for_flight
 from flight_gateway.catalog import Catalog
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.flightsql import service as flightsql
@@ -67,6 +67,7 @@ class HarnessFlightServer(fl.FlightServerBase):
         if config.tracing:
             tracing.configure(config.tracing)
         tune_for_flight()  # DoPut bodies arrive in gRPC's buffers too (flight_gateway.allocator)
+        trim_periodically()  # free memory scattered in thread arenas goes back to the system
         self.catalog = catalog
         self.config = config
         self.gw = Gateway(
