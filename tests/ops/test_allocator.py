@@ -1,0 +1,45 @@
+"""glibc malloc settings of a gateway process (``flight_gateway.allocator``), checked in a child
+process so that this test run's own allocator is left as it is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = """
+import ctypes, threading
+from flight_gateway.allocator import trim_periodically, tune_for_flight
+assert tune_for_flight() and trim_periodically(every_s=0.05)
+assert trim_periodically()  # once per process
+buf = [ctypes.create_string_buffer(1 << 16) for _ in range(2000)]  # 128 MB, then freed
+del buf
+import time; time.sleep(0.3)
+assert any(t.name == "harness-malloc-trim" for t in threading.enumerate())
+print("trimming")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc only")
+def test_a_gateway_process_trims_malloc_periodically() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.update(PYTHONPATH=str(ROOT), HARNESS_MALLOC_TUNING="1")
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "trimming" in out.stdout
+
+
+def test_no_trimming_without_the_tuning() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_MALLOC_TUNING": "0"}
+    code = (
+        "from flight_gateway.allocator import trim_periodically, tune_for_flight\n"
+        "assert not tune_for_flight() and not trim_periodically()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
