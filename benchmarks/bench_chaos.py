@@ -12,16 +12,22 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chaos_load import Load, make_table, percentile_ms
+from benchmarks.chaos_load import ARROW, Load, make_table, percentile_ms
+from benchmarks.compaction import compact
 from benchmarks.processes import GatewayProcess
 from benchmarks.services import postgres_database
 from clients import HarnessClient
+
+log = logging.getLogger(__name__)
 
 
 def _catalog(dsn: str, schema: str) -> str:
@@ -107,34 +113,55 @@ def _failover(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dic
 
 
 @contextlib.contextmanager
-def _maintained(url: str, every_s: float = 10.0) -> Iterator[None]:
+def _maintained(
+    url: str, uri: str, compact_every_s: float, every_s: float = 10.0
+) -> Iterator[Counter[str]]:
     """Maintenance every ``every_s`` while the load runs, as an operator runs it: versions past
     ``retention.keep_last`` expire, and with them Iceberg snapshots and unreferenced files
-    (after a grace longer than a read takes here). Without it every Iceberg commit rewrites a
-    metadata file listing every snapshot so far, and commits slow down as the run goes on."""
+    (after a grace longer than a read takes here); every ``compact_every_s`` the files and
+    Iceberg sources are compacted to one file each. Without expiry every Iceberg commit
+    rewrites a metadata file listing every snapshot so far, and without compaction every read
+    opens every file a writer ever added: both slow down as the run goes on. Yields counts of
+    runs, compactions and failures."""
     import threading
 
     from flight_gateway.catalog import Catalog
     from flight_gateway.maintenance import run_once
 
-    catalog, stop = Catalog(url), threading.Event()
+    catalog, stop, counts = Catalog(url), threading.Event(), Counter[str]()
+
+    def step(client: HarnessClient, last: list[float]) -> None:
+        run_once(catalog, grace_s=300)
+        counts["maintenance runs"] += 1
+        if time.monotonic() - last[0] >= compact_every_s:
+            for source in ("files", "iceberg"):
+                compact(client, "t", source, ARROW)
+                counts["compactions"] += 1
+            last[0] = time.monotonic()
 
     def loop() -> None:
-        while not stop.wait(every_s):
-            run_once(catalog, grace_s=300)
+        last = [time.monotonic()]
+        with HarnessClient(uri, busy_wait_s=120) as client:
+            while not stop.wait(every_s):
+                try:
+                    step(client, last)
+                except Exception:
+                    log.exception("maintenance failed")
+                    counts["failures"] += 1
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     try:
-        yield
+        yield counts
     finally:
         stop.set()
-        thread.join(120)
+        thread.join(180)
         catalog.close()
 
 
 def _load(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[str, Any]]:
     seconds, writers, readers = (20, 4, 16) if quick else (600, 16, 64)
+    compact_every_s = 8.0 if quick else 60.0
     url = _catalog(dsn, "load")
     gw = GatewayProcess(url, root, **_limits(writers, readers))
     gw.start()
@@ -144,27 +171,51 @@ def _load(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[st
             # Versions older than the last 2,000 (a few minutes here) expire.
             client.commit("t", properties={"retention.keep_last": 2000})
         load = Load([gw.uri])
-        with _maintained(url):
+        with _maintained(url, gw.uri, compact_every_s) as maintenance:
             threads = load.run(writers, readers)
             time.sleep(min(10.0, seconds / 4))
-            rss_start = gw.rss_mb()
             started = time.monotonic()
-            time.sleep(seconds)
-            rss_end = gw.rss_mb()
+            rss = _sampled_rss(gw, seconds)
             load.finish(threads)
         elapsed = time.monotonic() - started
+        time.sleep(5.0 if quick else 35.0)  # idle past one malloc_trim period (30 s)
+        rss_idle = gw.rss_mb()
         lost, dup = _check(load, gw.uri, [])
         yield from _rows(f"load {writers}w+{readers}r", load, elapsed, lost, dup)
-        yield {"case": "load: gateway RSS at start", "value": rss_start, "unit": "MB"}
-        yield {
-            "case": "load: gateway RSS at end",
-            "value": rss_end,
-            "unit": "MB",
-            "ratio": rss_end / rss_start,
-            "ratio_vs": "RSS at start",
-        }
+        yield from _rss_rows(rss)
+        yield {"case": "load: gateway RSS idle after the load", "value": rss_idle, "unit": "MB"}
+        yield {"case": "load: maintenance", "value": maintenance["maintenance runs"], **maintenance}
+        if maintenance["failures"]:
+            raise RuntimeError(f"load: maintenance failed {maintenance['failures']} time(s)")
     finally:
         gw.stop()
+
+
+def _sampled_rss(gw: GatewayProcess, seconds: float, every_s: float = 5.0) -> list[float]:
+    """The gateway's RSS every ``every_s`` for ``seconds``."""
+    samples, end = [gw.rss_mb()], time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(every_s, max(0.0, end - time.monotonic())))
+        samples.append(gw.rss_mb())
+    return samples
+
+
+def _rss_rows(samples: list[float]) -> Iterator[dict[str, Any]]:
+    """RSS over the first and the last fifth of the run (medians: under 80 clients the resident
+    size swings by hundreds of MB within a minute as buffers are taken and trimmed, so one
+    sample at each end says little), and its peak. Flat: the last fifth's median near the
+    first's."""
+    fifth = max(1, len(samples) // 5)
+    start, end = statistics.median(samples[:fifth]), statistics.median(samples[-fifth:])
+    yield {"case": "load: gateway RSS, median of the first fifth", "value": start, "unit": "MB"}
+    yield {"case": "load: gateway RSS, peak", "value": max(samples), "unit": "MB"}
+    yield {
+        "case": "load: gateway RSS, median of the last fifth",
+        "value": end,
+        "unit": "MB",
+        "ratio": end / start,
+        "ratio_vs": "the first fifth",
+    }
 
 
 def run(quick: bool = False) -> Iterator[dict[str, Any]]:

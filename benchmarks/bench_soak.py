@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from benchmarks.compaction import compact
 from benchmarks.services import postgres_database
 from clients import HarnessClient
 from flight_gateway.catalog import Catalog
@@ -76,31 +76,7 @@ def _batch(start: int) -> pa.Table:
 
 def _compact(client: HarnessClient) -> None:
     """Rewrite the Iceberg source as one Parquet file in one harness commit (a relocation)."""
-    from planners.common import filesystem
-
-    with client.lock(TABLE, ["ice"], owner="soak-compaction", ttl_s=120, wait_s=120) as lock:
-        pinned = client.describe(TABLE).version
-        data = client.read(TABLE, version=pinned, sources=["ice"], columns=SCHEMA.names)
-        begun = client.begin_write(TABLE, "ice")
-        path = f"{begun['location']}/compacted/{uuid.uuid4().hex}.parquet"
-        fs, local = filesystem(path)
-        fs.create_dir(local.rpartition("/")[0], recursive=True)
-        try:
-            with fs.open_output_stream(local) as out:
-                pq.write_table(data.cast(SCHEMA), out)
-            client.commit_write(
-                TABLE,
-                begun["write_id"],
-                [path],
-                source="ice",
-                overwrite=True,
-                relocation=True,
-                rows=data.num_rows,
-                lock=lock,
-            )
-        except BaseException:
-            client.abort_write(TABLE, begun["write_id"], "ice")
-            raise
+    compact(client, TABLE, "ice", SCHEMA)
 
 
 def _iceberg_shape(ice_props: dict[str, str]) -> dict[str, int]:
