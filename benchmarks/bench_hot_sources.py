@@ -73,6 +73,9 @@ def _kafka(client: HarnessClient, bootstrap: str, n: int, repeats: int) -> list[
                 "bootstrap.servers": bootstrap,
                 "group.id": uuid.uuid4().hex,
                 "enable.auto.commit": False,
+                # at its best: by default librdkafka waits a second before fetching again
+                # once its prefetch queue was full (100,000 messages)
+                "fetch.queue.backoff.ms": 5,
             }
         )
         c.assign([TopicPartition(topic, 0, 0)])

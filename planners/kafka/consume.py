@@ -9,7 +9,10 @@ from typing import Any
 from flight_gateway.errors import Unavailable
 from planners.kafka.config import KafkaConfig, consumer
 
-BATCH_MESSAGES = 64 * 1024
+#: Messages one read holds at a time before decoding them (each a librdkafka message of a few
+#: hundred bytes beyond its payload): with the consumer's prefetch bounds (``config.consumer``)
+#: this is what a Kafka task costs in memory, however long its range (docs/operations.md).
+BATCH_MESSAGES = 8 * 1024
 
 
 def consume_range(

@@ -228,3 +228,30 @@ def test_avro_schema_registry(client: HarnessClient, kafka_bootstrap: str) -> No
         )
     finally:
         server.shutdown()
+
+
+def test_a_range_longer_than_the_prefetch_bound_reads_exactly(
+    client: HarnessClient, kafka_bootstrap: str
+) -> None:
+    """A read prefetches at most 8K messages / 4 MB ahead and decodes 8K at a time
+    (``planners.kafka.config``): a range of 20,000 small messages and a dozen of ~0.9 MB (over
+    the prefetch's byte bound together) is read whole, in order, each message once."""
+    from planners.kafka.consume import BATCH_MESSAGES
+
+    topic = new_topic(kafka_bootstrap)
+    small = 20_000
+    big = 12
+    assert small > 2 * BATCH_MESSAGES
+    rows = [{"id": i, "msg": "s"} for i in range(small)]
+    rows += [{"id": small + i, "msg": "x" * 900_000} for i in range(big)]
+    produce(kafka_bootstrap, topic, json_values(rows))
+    client.create_table("k", SCHEMA)
+    client.commit(
+        "k",
+        add_sources=[kafka_source(kafka_bootstrap, topic, 0, small + big, max_task_messages=10**6)],
+    )
+    assert len(client.flight_info("k").endpoints) == 1  # one consumer reads the whole range
+    t = client.read("k", columns=["id", "msg", "_kafka_offset"])
+    assert t.column("id").to_pylist() == list(range(small + big))
+    assert t.column("_kafka_offset").to_pylist() == list(range(small + big))
+    assert [len(m) for m in t.column("msg").to_pylist()[small:]] == [900_000] * big
