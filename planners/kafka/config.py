@@ -74,10 +74,10 @@ def consumer(config: KafkaConfig, group_prefix: str = "harness-reader") -> Any:
         "enable.partition.eof": False,
         "auto.offset.reset": "error",
         # A read prefetches at most 8K messages / 4 MB ahead of its decoding (librdkafka's
-        # defaults, 100,000 messages or 64 MB, times every concurrent read took a gateway from
-        # 195 MB to 1.1-1.65 GB under 64 readers of one partition), and fetches again 5 ms after
-        # its queue drains (the default waits a whole second after the queue was full: 400,000
-        # messages read in 2.15 s with the defaults, 0.3 s with these).
+        # defaults: 100,000 messages or 64 MB per consumer), and fetches again 5 ms after its
+        # queue drains: the default waits a whole second once the queue was full (400,000
+        # messages consumed in 2.15 s with the defaults, 0.3 s with these). What many
+        # concurrent reads cost is mostly the consumers themselves (docs/operations.md).
         "queued.min.messages": 8 * 1024,
         "queued.max.messages.kbytes": 4 * 1024,
         "fetch.queue.backoff.ms": 5,

@@ -10,8 +10,8 @@ from flight_gateway.errors import Unavailable
 from planners.kafka.config import KafkaConfig, consumer
 
 #: Messages one read holds at a time before decoding them (each a librdkafka message of a few
-#: hundred bytes beyond its payload): with the consumer's prefetch bounds (``config.consumer``)
-#: this is what a Kafka task costs in memory, however long its range (docs/operations.md).
+#: hundred bytes beyond its payload); with the consumer's prefetch bounds (``config.consumer``)
+#: it keeps one read's buffered messages the same however long its range.
 BATCH_MESSAGES = 8 * 1024
 
 
