@@ -74,11 +74,6 @@ def _batch(start: int) -> pa.Table:
     )
 
 
-def _compact(client: HarnessClient) -> None:
-    """Rewrite the Iceberg source as one Parquet file in one harness commit (a relocation)."""
-    compact(client, TABLE, "ice", SCHEMA)
-
-
 def _iceberg_shape(ice_props: dict[str, str]) -> dict[str, int]:
     from pyiceberg.catalog.sql import SqlCatalog
 
@@ -161,7 +156,7 @@ class _Soak:
             self.counts["expired_versions"] += sum(report.expired_versions.values())
             self.counts["expired_snapshots"] += sum(report.expired.values())
             if compact_s and time.perf_counter() - last_compaction[0] >= compact_s:
-                _compact(client)
+                compact(client, TABLE, "ice", SCHEMA)  # one file, one relocation commit
                 last_compaction[0] = time.perf_counter()
                 self.counts["compactions"] += 1
 
