@@ -102,12 +102,24 @@ def stream_errors(
 ) -> pa.RecordBatchReader:
     """Errors raised while streaming still reach the client as a failed stream with a clear
     message, never as a stream that ends early looking complete. ``on_close`` runs when the
-    stream ends, fails or is abandoned."""
+    stream ends, fails or is abandoned.
+
+    The first batch is read here, before the stream is returned: an error before any row (a
+    source busy, say) fails the call itself with its status details, which pyarrow drops from
+    errors raised mid-stream (so a client could not tell that a retry is safe)."""
+    try:
+        first = _first_batch(reader)
+    except BaseException:
+        if on_close is not None:
+            on_close()
+        raise
 
     def gen() -> Iterator[pa.RecordBatch]:
         try:
-            for batch in reader:
-                yield from wire_sized(batch)
+            if first is not None:
+                yield from wire_sized(first)
+                for batch in reader:
+                    yield from wire_sized(batch)
         except HarnessError as e:
             raise _wire(e) from None
         except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)
@@ -117,3 +129,12 @@ def stream_errors(
                 on_close()
 
     return pa.RecordBatchReader.from_batches(reader.schema, gen())
+
+
+def _first_batch(reader: pa.RecordBatchReader) -> pa.RecordBatch | None:
+    try:
+        return reader.read_next_batch()
+    except StopIteration:
+        return None
+    except pa.ArrowException as e:
+        raise type(e)(_clean(str(e))) from None
