@@ -47,6 +47,10 @@ class Limits:
     max_uploads_per_principal: int = 4
     #: DoPut calls the whole gateway decodes and holds at once (all principals).
     max_concurrent_uploads: int = 8
+    #: Kafka consumers open at once in the whole process (0: two per core, at least 4); a read
+    #: waits up to ``kafka_consumer_wait_s`` for one (``planners.kafka.consumers``).
+    max_kafka_consumers: int = 0
+    kafka_consumer_wait_s: float = 60.0
     max_dedupe_rows: int = 20_000_000
     max_since_versions: int = 100_000
     #: Flight SQL statements the whole gateway runs at once (each also holds one of its
@@ -75,9 +79,11 @@ class Limits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"limits.{name} must be a positive integer, not {value!r}")
-        if not isinstance(self.sql_threads, int) or self.sql_threads < 0:
-            raise ValueError(f"limits.sql_threads must be 0 or more, not {self.sql_threads!r}")
-        for name in ("sql_timeout_s", "write_lease_s"):
+        for name in ("sql_threads", "max_kafka_consumers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"limits.{name} must be 0 or more, not {value!r}")
+        for name in ("sql_timeout_s", "write_lease_s", "kafka_consumer_wait_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"limits.{name} must be positive, not {value!r}")

@@ -27,6 +27,7 @@ from flight_gateway.server.errors import flight_errors, stream_errors
 from flight_gateway.server.read import ReadService, arrow_schema
 from flight_gateway.server.slots import Slots
 from flight_gateway.tracing import TraceFactory
+from planners.kafka import consumers
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class HarnessFlightServer(fl.FlightServerBase):
             catalog, SecretResolver(config.secret_names), config.reach_policy, config.limit_values
         )
         limits = self.gw.limits
+        consumers.POOL.configure(limits.max_kafka_consumers, limits.kafka_consumer_wait_s)
         self.slots = Slots(limits.max_streams_per_principal, "max_streams_per_principal",
                            what="streams")  # fmt: skip
         self.uploads = Slots(limits.max_uploads_per_principal, "max_uploads_per_principal",

@@ -29,11 +29,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from flight_gateway.errors import HarnessError
 from planners import locations
 from planners.common import conform, physical_names, target_schema
 from planners.kafka import produce
 from planners.kafka.config import META, KafkaConfig, consumer
 from planners.kafka.consume import consume_range
+from planners.kafka.consumers import POOL
 from planners.kafka.decode import Decoder, dead_letter_counts
 from planners.kafka.ranges import bounds, skips, visible, with_range
 from planners.kind import (
@@ -184,16 +186,17 @@ class KafkaKind(SourceKind):
 def _offset_for_time(config: KafkaConfig, ms: int, low: int) -> int:
     from confluent_kafka import TopicPartition
 
-    c = consumer(config)
-    try:
-        (tp,) = c.offsets_for_times(
-            [TopicPartition(config.topic, config.partition, ms)], timeout=10
-        )
-    except Exception as e:
-        log.warning("offsets_for_times failed, not narrowing: %s", e)
-        return low
-    finally:
-        c.close()
+    what = f"kafka {config.topic}/{config.partition} offsets for time"
+    with POOL.lease(lambda _: consumer(config), what) as lease:
+        try:
+            (tp,) = lease.get(low).offsets_for_times(
+                [TopicPartition(config.topic, config.partition, ms)], timeout=10
+            )
+        except HarnessError:
+            raise
+        except Exception as e:
+            log.warning("offsets_for_times failed, not narrowing: %s", e)
+            return low
     # -1: no message at or after ms (as far as the broker knows): do not narrow, the residual
     # filter keeps results exact.
     return int(tp.offset) if tp.offset >= 0 else low

@@ -8,6 +8,7 @@ from typing import Any
 
 from flight_gateway.errors import Unavailable
 from planners.kafka.config import KafkaConfig, consumer
+from planners.kafka.consumers import POOL
 
 #: Messages one read holds at a time before decoding them (each a librdkafka message of a few
 #: hundred bytes beyond its payload); with the consumer's prefetch bounds (``config.consumer``)
@@ -19,19 +20,20 @@ def consume_range(
     config: KafkaConfig, low: int, high: int, chunk: int = BATCH_MESSAGES
 ) -> Iterator[list[Any]]:
     """Messages with low <= offset < high, in chunks; raises Unavailable if the range cannot
-    be read completely (a read never ends early looking complete)."""
+    be read completely (a read never ends early looking complete). The consumer is leased from
+    ``POOL`` (``planners.kafka.consumers``) and parked while the caller has each chunk."""
     from confluent_kafka import KafkaError, TopicPartition
 
     if low >= high:
         return
     topic, partition, timeout = config.topic, config.partition, config.read_timeout_s
-    c = consumer(config)
-    try:
-        c.assign([TopicPartition(topic, partition, low)])
+    what = f"kafka {topic}/{partition} [{low}, {high})"
+    with POOL.lease(lambda offset: _assigned(config, offset), what) as lease:
         next_offset = low
         last_progress = time.monotonic()
         out: list[Any] = []
         while next_offset < high:
+            c = lease.get(next_offset)
             msgs = c.consume(num_messages=min(chunk, high - next_offset), timeout=0.5)
             for m in msgs:
                 err = m.error()
@@ -58,27 +60,43 @@ def consume_range(
                         f"[{low}, {high}) for {timeout:.0f}s"
                     )
             if len(out) >= chunk:
-                yield out
+                with lease.parked():
+                    yield out
                 out = []
-        if out:
-            yield out
-    finally:
-        c.close()
+                last_progress = time.monotonic()
+    if out:  # the consumer is closed already
+        yield out
 
 
 def scan_tail(config: KafkaConfig, start: int, idle_s: float = 1.0) -> Iterator[list[Any]]:
     """Messages from ``start`` to the end of the partition, until ``idle_s`` without any (not the
     watermark, which may lag)."""
-    from confluent_kafka import TopicPartition
+    what = f"kafka {config.topic}/{config.partition} from {start}"
 
-    c = consumer(config, "harness-doput")
-    try:
-        c.assign([TopicPartition(config.topic, config.partition, start)])
+    def opened(offset: int) -> Any:
+        return _assigned(config, offset, "harness-doput")
+
+    with POOL.lease(opened, what) as lease:
+        next_offset = start
         idle_since = time.monotonic()
         while time.monotonic() - idle_since < idle_s:
-            msgs = [m for m in c.consume(1000, timeout=0.2) if m.error() is None]
+            got = lease.get(next_offset).consume(1000, timeout=0.2)
+            msgs = [m for m in got if m.error() is None]
             if msgs:
+                next_offset = msgs[-1].offset() + 1
+                with lease.parked():
+                    yield msgs
                 idle_since = time.monotonic()
-                yield msgs
-    finally:
+
+
+def _assigned(config: KafkaConfig, offset: int, group_prefix: str = "harness-reader") -> Any:
+    """A consumer of the config's partition, assigned at ``offset``."""
+    from confluent_kafka import TopicPartition
+
+    c = consumer(config, group_prefix)
+    try:
+        c.assign([TopicPartition(config.topic, config.partition, offset)])
+    except BaseException:
         c.close()
+        raise
+    return c

@@ -1,0 +1,155 @@
+"""The gateway-wide bound on open Kafka consumers (``planners.kafka.consumers``), against the
+real broker: many reads share a few consumers, a stream whose client stops reading gives its
+consumer up, and a read that cannot get one in time is refused as busy."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.flight as fl
+import pytest
+
+from clients import HarnessClient
+from flight_gateway.errors import Busy
+from planners.kafka.consumers import POOL
+from tests.gateway.helpers import client_for, running_gateway
+from tests.gateway.kafka_helpers import json_values, new_topic, produce
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = [
+    {"name": "id", "type": "int64"},
+    {"name": "msg", "type": "string"},
+    {"name": "_kafka_offset", "type": "int64"},
+]
+
+
+def _librdkafka_handles() -> int:
+    """Kafka clients alive in this process, counted by the kernel: each librdkafka handle runs
+    one thread named ``rdk:main`` (independent of the pool's own count)."""
+    n = 0
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            n += (task / "comm").read_text().startswith("rdk:main")
+    return n
+
+
+@pytest.fixture
+def limited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HarnessClient]:
+    """A gateway allowing 2 Kafka consumers, which it waits up to 20 s for."""
+    limits = {"max_kafka_consumers": 2, "kafka_consumer_wait_s": 20}
+    monkeypatch.setattr(POOL, "park_s", 0.3)
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", limits=limits) as (server, _):
+        assert POOL.limit == 2
+        c = client_for(server)
+        yield c
+        c.close()
+    POOL.configure()
+
+
+def _kafka_table(client: HarnessClient, bootstrap: str, name: str, n: int, msg: str, task: int):
+    topic = new_topic(bootstrap)
+    produce(bootstrap, topic, json_values([{"id": i, "msg": msg} for i in range(n)]))
+    source = {
+        "name": "k0",
+        "kind": "kafka",
+        "config": {
+            "bootstrap_servers": bootstrap,
+            "topic": topic,
+            "partition": 0,
+            "max_task_messages": task,
+        },
+        "state": {"low": 0, "high": n},
+    }
+    client.create_table(name, SCHEMA)
+    client.commit(name, add_sources=[source])
+
+
+def test_concurrent_reads_share_the_bounded_consumers(
+    limited: HarnessClient, kafka_bootstrap: str
+) -> None:
+    """8 clients read a 12-endpoint Kafka table at once: every read is exact, and the process
+    never has more than 2 Kafka clients open beyond those it had before."""
+    n = 12_000
+    _kafka_table(limited, kafka_bootstrap, "k", n, "m", task=1_000)
+    assert len(limited.flight_info("k").endpoints) == 12
+    before = _librdkafka_handles()
+    peak, results, errors = [0], [], []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _librdkafka_handles() - before)
+            time.sleep(0.002)
+
+    def read() -> None:
+        try:
+            results.append(sorted(limited.read("k", columns=["id"]).column("id").to_pylist()))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    readers = [threading.Thread(target=read) for _ in range(8)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(120)
+    done.set()
+    sampler.join()
+    assert errors == []
+    assert results == [list(range(n))] * 8
+    assert 1 <= peak[0] <= 2, peak[0]
+    assert POOL.open_count() == 0
+
+
+def test_a_stream_whose_client_stops_reading_gives_its_consumer_up(
+    limited: HarnessClient, kafka_bootstrap: str
+) -> None:
+    """Two streams take both consumers and their clients stop after one batch. Another read
+    still completes (it takes a parked consumer); the stopped streams then finish, each row
+    exactly once (they reopen at their next offset)."""
+    n = 40_000
+    _kafka_table(limited, kafka_bootstrap, "slow", n, "x" * 1_000, task=n)
+    _kafka_table(limited, kafka_bootstrap, "other", 3_000, "y", task=10_000)
+    raw = fl.connect(limited.uri)
+    streams = [raw.do_get(limited.flight_info("slow").endpoints[0].ticket) for _ in range(2)]
+    firsts = [s.read_chunk().data for s in streams]
+    deadline = time.monotonic() + 10
+    while POOL.open_count() < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # both streams are parked with their consumers open
+    assert POOL.open_count() == 2
+
+    t0 = time.monotonic()
+    other = limited.read("other", columns=["id"]).column("id").to_pylist()
+    assert sorted(other) == list(range(3_000))
+    assert time.monotonic() - t0 < 15  # well within the 20 s wait: it did not wait it out
+
+    for first, stream in zip(firsts, streams, strict=True):
+        ids = first.column(0).to_pylist() + stream.read_all().column("id").to_pylist()
+        assert ids == list(range(n))
+    raw.close()
+
+
+def test_a_read_that_cannot_get_a_consumer_in_time_is_busy(
+    limited: HarnessClient, kafka_bootstrap: str
+) -> None:
+    """With both consumers held by reads that are reading (not parked), a read waits
+    ``kafka_consumer_wait_s`` and is refused with RESOURCE_EXHAUSTED, kind busy; it reads once
+    one is free. Nothing else in the gateway is affected."""
+    _kafka_table(limited, kafka_bootstrap, "k", 100, "m", task=1_000)
+    POOL.configure(2, wait_s=0.5)
+    with (
+        POOL.lease(lambda _: object(), "held 1") as a,
+        POOL.lease(lambda _: object(), "held 2") as b,
+    ):
+        a.get(0), b.get(0)
+        impatient = HarnessClient(limited.uri, busy_wait_s=0)
+        with pytest.raises(Busy, match=r"limits\.max_kafka_consumers"):
+            impatient.read("k")
+        impatient.close()
+    assert sorted(limited.read("k").column("id").to_pylist()) == list(range(100))
