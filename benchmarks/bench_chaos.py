@@ -54,6 +54,7 @@ def _rows(case: str, load: Load, seconds: float, lost: int, dup: int) -> Iterato
         "p99_ms": percentile_ms(load.commit_s, 99),
         "failed": len(load.errors),
         "retries": load.lock_retries,
+        "left_at_stop": load.left_at_stop,
     }
     yield {
         "case": f"{case}: reads/s",

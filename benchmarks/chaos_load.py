@@ -89,6 +89,7 @@ class Load:
         self.acked: set[int] = set()
         self.errors: list[str] = []
         self.lock_retries = 0  # DoPuts sent again after waiting past the gateway's lock wait
+        self.left_at_stop = 0  # DoPuts refused for a lock when the run ended: not sent again
         self.commit_s: list[float] = []
         self.read_s: list[float] = []
 
@@ -106,7 +107,8 @@ class Load:
                 first = (n * 10**6 + i) * self.batch
                 started = time.perf_counter()
                 try:
-                    self._put(client, region, first)
+                    if not self._put(client, region, first):
+                        return
                 except Exception as e:  # failover gave up
                     self.errors.append(f"writer {n}: {type(e).__name__}: {e}")
                     return
@@ -114,21 +116,23 @@ class Load:
                     self.commit_s.append(time.perf_counter() - started)
                     self.acked.update(range(first, first + self.batch))
 
-    def _put(self, client: HarnessClient, region: str, first: int) -> None:
+    def _put(self, client: HarnessClient, region: str, first: int) -> bool:
         """One DoPut, sent again with its commit id when its sources stayed locked past the
-        gateway's wait (LockUnavailable: nothing was written), as a writer should."""
+        gateway's wait (LockUnavailable: nothing was written), as a writer should; False when
+        the run ended meanwhile (a writer shutting down: its rows were never acknowledged)."""
         from flight_gateway.errors import LockUnavailable
 
         commit_id = uuid.uuid4().hex
         while True:
             try:
                 client.put("t", rows(region, first, self.batch), source=region, commit_id=commit_id)
-                return
+                return True
             except LockUnavailable:
                 with self.lock:
+                    if self.stop.is_set():
+                        self.left_at_stop += 1
+                        return False
                     self.lock_retries += 1
-                if self.stop.is_set():
-                    raise
 
     def read(self, n: int) -> None:
         with self.client(n) as client:
