@@ -93,3 +93,30 @@ def trim_periodically(every_s: float = TRIM_EVERY_S) -> bool:
 
     threading.Thread(target=loop, name="harness-malloc-trim", daemon=True).start()
     return True
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def malloc_bytes() -> dict[str, int] | None:
+    """What glibc ``malloc`` holds (``mallinfo2``): ``in_use`` by live allocations, ``free``
+    inside its heaps (returned only by trimming), ``mmapped`` (large blocks, each returned when
+    freed); None where that is not glibc 2.33+."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    return {
+        "in_use": int(info.uordblks),
+        "free": int(info.fordblks + info.fsmblks),
+        "mmapped": int(info.hblkhd),
+    }

@@ -8,7 +8,8 @@ add to the same counters). What is counted, and where:
 - commits by outcome, lock requests by outcome, lock expiries seen by writers;
 - group-commit groups, commits and the largest group (read from the catalog when scraped);
 - ticket rejections (tampered, expired, another principal's);
-- rows a pinned version needs that its source lost (e.g. Kafka retention; maintenance).
+- rows a pinned version needs that its source lost (e.g. Kafka retention; maintenance);
+- memory by allocator (glibc malloc in use / free / mmapped, Arrow), threads, Kafka consumers.
 
 A ``table`` label only ever names a table of the catalog: callers choose the names they send,
 so a request on a table that does not exist is counted under ``UNKNOWN_TABLE`` (one series per
@@ -18,6 +19,8 @@ made-up name would grow the registry without bound).
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -92,6 +95,43 @@ class _GroupCommits(Collector):
 
 _GROUPS = _GroupCommits()
 REGISTRY.register(_GROUPS)
+
+
+class _Memory(Collector):
+    """Where the process's memory is, read when scraped: what glibc malloc holds (in use, free
+    inside its heaps, mmapped), Arrow's allocator, threads and open Kafka consumers."""
+
+    def collect(self) -> Iterator[Any]:
+        from flight_gateway.allocator import malloc_bytes
+        from planners.kafka.consumers import POOL
+
+        held = malloc_bytes()
+        if held is not None:
+            family = GaugeMetricFamily(
+                "harness_malloc_bytes", "glibc malloc memory by state", labels=["state"]
+            )
+            for state, value in held.items():
+                family.add_metric([state], value)
+            yield family
+        yield GaugeMetricFamily(
+            "harness_arrow_allocated_bytes",
+            "Bytes allocated by Arrow's default memory pool",
+            value=pa.total_allocated_bytes(),
+        )
+        yield GaugeMetricFamily("harness_threads", "Threads of the process", value=_threads())
+        yield GaugeMetricFamily(
+            "harness_kafka_consumers_open", "Kafka consumers open", value=POOL.open_count()
+        )
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+REGISTRY.register(_Memory())
 
 
 def watch_catalog(catalog: Any) -> None:

@@ -70,3 +70,18 @@ def test_counters_move(tmp_path: Path) -> None:
     assert moved("harness_lock_requests_total", outcome="granted") == 1
     assert moved("harness_auth_failures_total") >= 1
     assert _value(after, "harness_group_commit_commits_total") >= 2
+
+
+def test_memory_gauges_say_where_the_memory_is(tmp_path: Path) -> None:
+    """glibc malloc in use and free, Arrow's pool, threads and open Kafka consumers, read when
+    scraped: a table read into memory in this process shows in Arrow's gauge."""
+    import threading
+
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", metrics_port=0) as (server, _):
+        held = pa.table({"x": pa.array(range(1_000_000), pa.int64())})
+        scraped = _scrape(server.metrics_port)
+        assert _value(scraped, "harness_arrow_allocated_bytes") >= held.nbytes
+        assert _value(scraped, "harness_malloc_bytes", state="in_use") > 0
+        assert _value(scraped, "harness_threads") >= threading.active_count()
+        assert _value(scraped, "harness_kafka_consumers_open") == 0
+        del held
