@@ -26,6 +26,7 @@ from benchmarks.compaction import compact
 from benchmarks.processes import GatewayProcess
 from benchmarks.services import postgres_database
 from clients import HarnessClient
+from flight_gateway.local_kafka import free_port
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ def _load(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[st
     seconds, writers, readers = (20, 4, 16) if quick else (600, 16, 64)
     compact_every_s = 8.0 if quick else 60.0
     url = _catalog(dsn, "load")
-    gw = GatewayProcess(url, root, **_limits(writers, readers))
+    gw = GatewayProcess(url, root, metrics_port=free_port(), **_limits(writers, readers))
     gw.start()
     try:
         with HarnessClient(gw.uri) as client:
@@ -192,30 +193,50 @@ def _load(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[st
         gw.stop()
 
 
-def _sampled_rss(gw: GatewayProcess, seconds: float, every_s: float = 5.0) -> list[float]:
-    """The gateway's RSS every ``every_s`` for ``seconds``."""
-    samples, end = [gw.rss_mb()], time.monotonic() + seconds
+def _sampled_rss(
+    gw: GatewayProcess, seconds: float, every_s: float = 5.0
+) -> list[dict[str, float]]:
+    """The gateway's RSS and memory metrics every ``every_s`` for ``seconds``."""
+
+    def sample() -> dict[str, float]:
+        resident = gw.resident()
+        return {
+            "rss MB": resident["VmRSS"],
+            "anon MB": resident["RssAnon"],
+            "file MB": resident["RssFile"],
+            **gw.breakdown(),
+        }
+
+    samples, end = [sample()], time.monotonic() + seconds
     while time.monotonic() < end:
         time.sleep(min(every_s, max(0.0, end - time.monotonic())))
-        samples.append(gw.rss_mb())
+        samples.append(sample())
     return samples
 
 
-def _rss_rows(samples: list[float]) -> Iterator[dict[str, Any]]:
+def _rss_rows(samples: list[dict[str, float]]) -> Iterator[dict[str, Any]]:
     """RSS over the first and the last fifth of the run (medians: under 80 clients the resident
     size swings by hundreds of MB within a minute as buffers are taken and trimmed, so one
-    sample at each end says little), and its peak. Flat: the last fifth's median near the
-    first's."""
+    sample at each end says little), its peak, and the same medians of the gateway's memory
+    metrics (where the memory is). Flat: the last fifth's median near the first's."""
     fifth = max(1, len(samples) // 5)
-    start, end = statistics.median(samples[:fifth]), statistics.median(samples[-fifth:])
-    yield {"case": "load: gateway RSS, median of the first fifth", "value": start, "unit": "MB"}
-    yield {"case": "load: gateway RSS, peak", "value": max(samples), "unit": "MB"}
+
+    def medians(part: list[dict[str, float]]) -> dict[str, float]:
+        return {k: round(statistics.median(s[k] for s in part), 1) for k in part[0]}
+
+    start, end = medians(samples[:fifth]), medians(samples[-fifth:])
+    rss0, rss1 = start.pop("rss MB"), end.pop("rss MB")
+    yield {"case": "load: gateway RSS, median of the first fifth", "value": rss0, "unit": "MB",
+           **start}  # fmt: skip
+    peak = max(s["rss MB"] for s in samples)
+    yield {"case": "load: gateway RSS, peak", "value": peak, "unit": "MB"}
     yield {
         "case": "load: gateway RSS, median of the last fifth",
-        "value": end,
+        "value": rss1,
         "unit": "MB",
-        "ratio": end / start,
+        "ratio": rss1 / rss0,
         "ratio_vs": "the first fifth",
+        **end,
     }
 
 

@@ -76,11 +76,45 @@ class GatewayProcess:
 
     def rss_mb(self) -> float:
         """Resident memory of the running process (Linux /proc), MB."""
+        return self.resident().get("VmRSS", float("nan"))
+
+    def resident(self) -> dict[str, float]:
+        """Resident memory of the running process, MB: ``VmRSS`` and its parts ``RssAnon``
+        (heaps, stacks, allocator regions) and ``RssFile`` (mapped libraries and files)."""
         assert self.proc is not None
+        out = {}
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(value.split()[0]) / 1024
+        return out
+
+    def breakdown(self) -> dict[str, float]:
+        """What the gateway's metrics say of its memory (MB: glibc malloc in use / free /
+        mmapped, Arrow) and its threads and open Kafka consumers; empty without
+        ``metrics_port`` in its config."""
+        port = json.loads(self.config.read_text()).get("metrics_port")
+        if port is None:
+            return {}
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        names = {
+            'harness_malloc_bytes{state="in_use"}': "malloc in use MB",
+            'harness_malloc_bytes{state="free"}': "malloc free MB",
+            'harness_malloc_bytes{state="mmapped"}': "malloc mmapped MB",
+            "harness_arrow_allocated_bytes": "arrow MB",
+            "harness_threads": "threads",
+            "harness_kafka_consumers_open": "kafka consumers",
+        }
+        out = {}
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name in names:
+                scale = 1 / 2**20 if names[name].endswith("MB") else 1
+                out[names[name]] = float(value) * scale
+        return out
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
