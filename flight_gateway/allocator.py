@@ -15,6 +15,11 @@ heaps, which trimming at the top alone never gives back. Under the chaos bench's
 64 readers the gateway held 287 MB of malloc memory with 87 MB in use after 2.5 minutes, and
 ``malloc_trim`` took its resident size from 604 MB to 506 MB.
 
+At most two malloc arenas per core (glibc's default is eight): every arena keeps the memory
+its threads freed for those threads' next allocations, and a gateway serving 80 clients runs
+over 150 threads. Under the chaos bench's 16 writers and 64 readers (5 minutes, 2 cores) the
+resident size went from 409 to 561 MB with glibc's 16 arenas and from 377 to 502 MB with 4.
+
 Process-wide, once; skipped where it cannot apply (not glibc) or where the process already
 tunes malloc (``GLIBC_TUNABLES``, ``MALLOC_*_`` variables), or with
 ``HARNESS_MALLOC_TUNING=0``. The gateway applies it by default; a client process (which may be
@@ -36,6 +41,8 @@ MMAP_THRESHOLD = 4 << 20
 TRIM_THRESHOLD = 64 << 20
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+ARENA_MAX = 2 * (os.cpu_count() or 1)
 
 TRIM_EVERY_S = 30.0
 
@@ -68,6 +75,7 @@ def tune_for_flight(default_on: bool = True) -> bool:
                 return False  # musl and others: mallopt means something else or nothing
             ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
             ok = libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
+            ok = libc.mallopt(_M_ARENA_MAX, max(2, ARENA_MAX)) == 1 and ok
         except (OSError, AttributeError):
             return False
         _done = ok
