@@ -41,7 +41,7 @@ RPCS = Counter(
 )
 RPC_SECONDS = Histogram(
     "harness_rpc_seconds",
-    "Flight call latency (DoGet: until the stream is opened)",
+    "Flight call latency (DoGet: until its first batch is ready)",
     ["method"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
