@@ -107,28 +107,26 @@ class ConsumerPool:
 
     def acquire(self, lease: Lease, first: bool) -> None:
         deadline = time.monotonic() + self.wait_s
+        victim = None
         with self._cond:
             while self._held >= self.limit:
                 victim = self._stale_parked()
                 if victim is not None:
-                    # The permit passes from the victim to this lease: close the victim's
-                    # consumer before this one opens its own.
+                    # The permit passes from the victim to this lease (no count changes); its
+                    # consumer is closed below, before this lease opens its own.
                     stolen, victim.consumer = victim.consumer, None
                     victim.evictions += 1
                     del self._parked[victim]
-                    self._cond.release()
-                    try:
-                        log.info("kafka: %s parked over %.1fs, consumer closed", victim.what,
-                                 self.park_s)  # fmt: skip
-                        _close(stolen)
-                    finally:
-                        self._cond.acquire()
-                    return
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self._refusal(lease, first)
                 self._cond.wait(min(left, self._until_stale()))
-            self._held += 1
+            else:
+                self._held += 1
+        if victim is not None:
+            log.info("kafka: %s parked over %.1fs, consumer closed", victim.what, self.park_s)
+            _close(stolen)
 
     def release(self) -> None:
         with self._cond:
