@@ -91,7 +91,7 @@ class GatewayProcess:
 
     def breakdown(self) -> dict[str, float]:
         """What the gateway's metrics say of its memory (MB: glibc malloc in use / free /
-        mmapped, Arrow) and its threads and open Kafka consumers; empty without
+        mmapped, Arrow), its malloc arenas, threads and open Kafka consumers; empty without
         ``metrics_port`` in its config."""
         port = json.loads(self.config.read_text()).get("metrics_port")
         if port is None:
@@ -105,6 +105,7 @@ class GatewayProcess:
             'harness_malloc_bytes{state="free"}': "malloc free MB",
             'harness_malloc_bytes{state="mmapped"}': "malloc mmapped MB",
             "harness_arrow_allocated_bytes": "arrow MB",
+            "harness_malloc_arenas": "malloc arenas",
             "harness_threads": "threads",
             "harness_kafka_consumers_open": "kafka consumers",
         }

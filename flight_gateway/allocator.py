@@ -128,3 +128,29 @@ def malloc_bytes() -> dict[str, int] | None:
         "free": int(info.fordblks + info.fsmblks),
         "mmapped": int(info.hblkhd),
     }
+
+
+def malloc_arenas() -> int | None:
+    """How many arenas glibc ``malloc`` has (``malloc_info``'s heaps, the main one included);
+    None where that is not glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.open_memstream.restype = ctypes.c_void_p
+        libc.open_memstream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        libc.free.argtypes = [ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return None
+    buf, size = ctypes.c_void_p(), ctypes.c_size_t()
+    stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not stream:
+        return None
+    try:
+        libc.malloc_info(0, stream)
+    finally:
+        libc.fclose(stream)  # sets buf and size
+    try:
+        return ctypes.string_at(buf, size.value).count(b"<heap nr=")
+    finally:
+        libc.free(buf)

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 
+from flight_gateway.allocator import tune_for_flight
 from flight_gateway.catalog import Catalog
 from flight_gateway.server import GatewayConfig, HarnessFlightServer
 
@@ -16,6 +17,7 @@ log = logging.getLogger("harness-gateway")
 
 
 def serve(args: argparse.Namespace) -> int:
+    tune_for_flight()  # first: every thread that allocates before it gets an arena of its own
     config = GatewayConfig.load(
         args.config,
         catalog=args.catalog,

@@ -99,10 +99,10 @@ REGISTRY.register(_GROUPS)
 
 class _Memory(Collector):
     """Where the process's memory is, read when scraped: what glibc malloc holds (in use, free
-    inside its heaps, mmapped), Arrow's allocator, threads and open Kafka consumers."""
+    inside its heaps, mmapped) and its arenas, Arrow's allocator, threads and open Kafka consumers."""
 
     def collect(self) -> Iterator[Any]:
-        from flight_gateway.allocator import malloc_bytes
+        from flight_gateway.allocator import malloc_arenas, malloc_bytes
         from planners.kafka.consumers import POOL
 
         held = malloc_bytes()
@@ -113,6 +113,9 @@ class _Memory(Collector):
             for state, value in held.items():
                 family.add_metric([state], value)
             yield family
+        arenas = malloc_arenas()
+        if arenas is not None:
+            yield GaugeMetricFamily("harness_malloc_arenas", "glibc malloc arenas", value=arenas)
         yield GaugeMetricFamily(
             "harness_arrow_allocated_bytes",
             "Bytes allocated by Arrow's default memory pool",

@@ -55,6 +55,9 @@ def _tls(config: GatewayConfig) -> tuple[list[fl.CertKeyPair], bytes | None]:
 
 class HarnessFlightServer(fl.FlightServerBase):
     def __init__(self, catalog: Catalog, config: GatewayConfig) -> None:
+        # Before gRPC starts its threads: an arena limit set after threads have made their own
+        # arenas does not take them back (flight_gateway.allocator).
+        tune_for_flight()  # DoPut bodies arrive in gRPC's buffers too
         certs, client_ca = _tls(config)
         self.scheme = "grpc+tls" if certs else "grpc"
         super().__init__(
@@ -67,7 +70,6 @@ class HarnessFlightServer(fl.FlightServerBase):
         _install_scrub_filter()
         if config.tracing:
             tracing.configure(config.tracing)
-        tune_for_flight()  # DoPut bodies arrive in gRPC's buffers too (flight_gateway.allocator)
         trim_periodically()  # free memory scattered in thread arenas goes back to the system
         self.catalog = catalog
         self.config = config

@@ -43,3 +43,43 @@ def test_no_trimming_without_the_tuning() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc only")
+def test_a_busy_gateway_stays_within_its_malloc_arenas(tmp_path: Path) -> None:
+    """`harness-gateway serve` limits malloc to two arenas per core before gRPC starts its
+    threads: a limit set later leaves the arenas those threads already made (9 were counted
+    on 2 cores when it was set after the Flight server had started)."""
+    import threading
+    import urllib.request
+
+    from benchmarks.processes import GatewayProcess
+    from clients import HarnessClient
+    from flight_gateway.allocator import ARENA_MAX
+    from flight_gateway.local_kafka import free_port
+
+    metrics = free_port()
+    gw = GatewayProcess(f"sqlite:///{tmp_path / 'c.db'}", tmp_path, metrics_port=metrics)
+    gw.start()
+    try:
+        with HarnessClient(gw.uri) as client:
+            client.create_table("t", [{"name": "x", "type": "int64"}])
+
+        def busy() -> None:
+            with HarnessClient(gw.uri) as client:
+                for _ in range(30):
+                    client.describe("t")
+                    client.list_tables()
+
+        threads = [threading.Thread(target=busy) for _ in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        url = f"http://127.0.0.1:{metrics}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+    finally:
+        gw.stop()
+    arenas = [ln for ln in text.splitlines() if ln.startswith("harness_malloc_arenas ")]
+    assert arenas, "no harness_malloc_arenas gauge"
+    assert 1 <= float(arenas[0].split()[1]) <= max(2, ARENA_MAX)
