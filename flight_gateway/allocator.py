@@ -18,7 +18,10 @@ heaps, which trimming at the top alone never gives back. Under the chaos bench's
 At most two malloc arenas per core (glibc's default is eight): every arena keeps the memory
 its threads freed for those threads' next allocations, and a gateway serving 80 clients runs
 over 150 threads. Under the chaos bench's 16 writers and 64 readers (5 minutes, 2 cores) the
-resident size went from 409 to 561 MB with glibc's 16 arenas and from 377 to 502 MB with 4.
+resident size went from 409 to 561 MB with glibc's 16 arenas and from 377 to 502 MB with the
+limit set. The limit only stops new arenas: set after gRPC's threads had started, it left the 9
+those threads had made (``harness_malloc_arenas``), so the gateway sets it before it starts
+anything else; 10-minute runs with 4 arenas: 415-446 MB -> 568-577 MB.
 
 Process-wide, once; skipped where it cannot apply (not glibc) or where the process already
 tunes malloc (``GLIBC_TUNABLES``, ``MALLOC_*_`` variables), or with
