@@ -17,7 +17,7 @@ log = logging.getLogger("harness-gateway")
 
 
 def serve(args: argparse.Namespace) -> int:
-    tune_for_flight()  # first: every thread that allocates before it gets an arena of its own
+    tune_for_flight()  # first: a thread that allocates before the arena limit makes its own arena
     config = GatewayConfig.load(
         args.config,
         catalog=args.catalog,
