@@ -5,8 +5,13 @@
   know both replicas, while one replica is SIGKILLed (and restarted) every ``kill_every_s``.
   Reports commits/s and commit latency, read latency, rows lost and rows duplicated (both must
   be 0), and errors (failover that gave up).
-- load: one gateway, 64 readers + 16 writers (quick: 16 + 4): errors, commits/s, read p99 and
-  the gateway's RSS at the start and the end (goal: flat).
+- load: one gateway, 64 readers + 16 writers (quick: 16 + 4) with maintenance, compaction and
+  a Kafka-to-Iceberg mover running as an operator runs them: errors, commits/s, read p99 and the
+  gateway's RSS at the start and the end (goal: flat).
+
+Readers check every read against the ids acknowledged before it began (``check_ids``,
+vectorised: the check of a growing table would otherwise take a growing share of the same two
+cores the gateway runs on).
 """
 
 from __future__ import annotations
@@ -41,9 +46,12 @@ def _catalog(dsn: str, schema: str) -> str:
 
 def _check(load: Load, uri: str, replicas: list[str]) -> tuple[int, int]:
     """(rows lost, rows duplicated) in a final read against every acknowledged row."""
+    import numpy as np
+
     with HarnessClient(uri, replicas=replicas) as client:
-        ids = client.read("t", columns=["id"]).column("id").to_pylist()
-    return len(load.acked - set(ids)), len(ids) - len(set(ids))
+        ids = client.read("t", columns=["id"]).column("id").to_numpy()
+    unique = np.unique(ids)
+    return len(np.setdiff1d(load.acked_ids(), unique, assume_unique=True)), len(ids) - len(unique)
 
 
 def _rows(case: str, load: Load, seconds: float, lost: int, dup: int) -> Iterator[dict[str, Any]]:
@@ -116,23 +124,30 @@ def _failover(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dic
 
 @contextlib.contextmanager
 def _maintained(
-    url: str, uri: str, compact_every_s: float, every_s: float = 10.0
+    url: str, uri: str, compact_every_s: float, every_s: float = 10.0, move_every_s: float = 15.0
 ) -> Iterator[Counter[str]]:
-    """Maintenance every ``every_s`` while the load runs, as an operator runs it: versions past
-    ``retention.keep_last`` expire, and with them Iceberg snapshots and unreferenced files
-    (after a grace longer than a read takes here); every ``compact_every_s`` the files and
-    Iceberg sources are compacted to one file each. Without expiry every Iceberg commit
-    rewrites a metadata file listing every snapshot so far, and without compaction every read
-    opens every file a writer ever added: both slow down as the run goes on. Yields counts of
-    runs, compactions and failures."""
+    """Maintenance while the load runs, as an operator runs it:
+
+    - every ``every_s``, versions past ``retention.keep_last`` expire, and with them Iceberg
+      snapshots and unreferenced files (after a grace longer than a read takes here);
+    - every ``compact_every_s`` the files and Iceberg sources are compacted to one file each;
+    - every ``move_every_s`` a mover flushes the Kafka source's rows to Iceberg (``low = high``).
+
+    Without expiry every Iceberg commit rewrites a metadata file listing every snapshot so far;
+    without compaction every read opens every file a writer ever added; without the mover every
+    read consumes every message ever put into Kafka: each makes reads slower, and hold more
+    memory for longer, as the run goes on. Yields counts of runs, compactions, moves and
+    failures."""
     import threading
 
     from flight_gateway.catalog import Catalog
+    from flight_gateway.errors import LockUnavailable
     from flight_gateway.maintenance import run_once
+    from pipelines.movers import KafkaToIcebergMover
 
     catalog, stop, counts = Catalog(url), threading.Event(), Counter[str]()
 
-    def step(client: HarnessClient, last: list[float]) -> None:
+    def maintain(client: HarnessClient, last: list[float]) -> None:
         run_once(catalog, grace_s=300)
         counts["maintenance runs"] += 1
         if time.monotonic() - last[0] >= compact_every_s:
@@ -141,23 +156,35 @@ def _maintained(
                 counts["compactions"] += 1
             last[0] = time.monotonic()
 
-    def loop() -> None:
+    def move(client: HarnessClient, _last: list[float]) -> None:
+        mover = KafkaToIcebergMover(client, "t", "kafka", "iceberg", owner="load-mover")
+        try:
+            counts["moves"] += mover.run_once().version is not None
+        except LockUnavailable:  # compaction or writers held Iceberg past the wait: next time
+            counts["moves put off"] += 1
+
+    def loop(step: Any, pause_s: float) -> None:
         last = [time.monotonic()]
         with HarnessClient(uri, busy_wait_s=120) as client:
-            while not stop.wait(every_s):
+            while not stop.wait(pause_s):
                 try:
                     step(client, last)
                 except Exception:
                     log.exception("maintenance failed")
                     counts["failures"] += 1
 
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
+    threads = [
+        threading.Thread(target=loop, args=(maintain, every_s), daemon=True),
+        threading.Thread(target=loop, args=(move, move_every_s), daemon=True),
+    ]
+    for t in threads:
+        t.start()
     try:
         yield counts
     finally:
         stop.set()
-        thread.join(180)
+        for t in threads:
+            t.join(180)
         catalog.close()
 
 

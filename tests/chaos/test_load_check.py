@@ -1,0 +1,36 @@
+"""The chaos load's read check (benchmarks.chaos_load.check_ids) finds what it must: a checker
+that cannot fail would let the failover and load figures report 0 lost, 0 duplicated whatever
+happened."""
+
+import numpy as np
+import pyarrow as pa
+
+from benchmarks.chaos_load import Load, check_ids
+
+
+def ids(*chunks: list[int]) -> pa.ChunkedArray:
+    return pa.chunked_array([pa.array(c, pa.int64()) for c in chunks], pa.int64())
+
+
+def test_an_exact_read_passes_in_any_order_and_chunking() -> None:
+    expected = np.arange(10, dtype=np.int64)
+    assert check_ids(expected, ids([5, 6, 7, 8, 9], [0, 1, 2, 3, 4])) is None
+    assert check_ids(np.array([], np.int64), pa.chunked_array([], pa.int64())) is None
+
+
+def test_rows_written_after_the_read_began_may_appear() -> None:
+    assert check_ids(np.arange(3, dtype=np.int64), ids([0, 1, 2, 3, 4])) is None
+
+
+def test_duplicates_and_missing_rows_are_reported() -> None:
+    expected = np.arange(5, dtype=np.int64)
+    assert check_ids(expected, ids([0, 1, 2], [2, 3, 4])) == "1 rows twice"
+    assert check_ids(expected, ids([0, 1, 4])) == "2 acknowledged rows missing"
+    assert check_ids(expected, ids([0, 0, 1])) == "1 rows twice, 3 acknowledged rows missing"
+
+
+def test_acknowledged_batches_expand_to_their_ids() -> None:
+    load = Load(["grpc://127.0.0.1:1"], batch=3)
+    load.firsts += [30, 0]
+    assert load.acked_ids().tolist() == [0, 1, 2, 30, 31, 32]
+    assert load.acked == {0, 1, 2, 30, 31, 32}
