@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chaos_load import ARROW, Load, make_table, percentile_ms
+from benchmarks.chaos_load import ARROW, Load, lost_and_doubled, make_table, percentile_ms
 from benchmarks.compaction import compact
 from benchmarks.processes import GatewayProcess
 from benchmarks.services import postgres_database
@@ -46,12 +46,9 @@ def _catalog(dsn: str, schema: str) -> str:
 
 def _check(load: Load, uri: str, replicas: list[str]) -> tuple[int, int]:
     """(rows lost, rows duplicated) in a final read against every acknowledged row."""
-    import numpy as np
-
     with HarnessClient(uri, replicas=replicas) as client:
-        ids = client.read("t", columns=["id"]).column("id").to_numpy()
-    unique = np.unique(ids)
-    return len(np.setdiff1d(load.acked_ids(), unique, assume_unique=True)), len(ids) - len(unique)
+        ids = client.read("t", columns=["id"]).column("id")
+    return lost_and_doubled(load.acked_ids(), ids)
 
 
 def _rows(case: str, load: Load, seconds: float, lost: int, dup: int) -> Iterator[dict[str, Any]]:

@@ -175,17 +175,21 @@ class Load:
             t.join(180)
 
 
-def check_ids(expected: np.ndarray, ids: pa.ChunkedArray) -> str | None:
-    """What is wrong with a read's ids against the sorted ids acknowledged before it began:
-    rows twice, or acknowledged rows missing; None when nothing is. Vectorised: a reader's check
-    of a large table would otherwise take more CPU than the gateway's read it checks, on the
-    same cores, and more as the table grows."""
+def lost_and_doubled(expected: np.ndarray, ids: pa.ChunkedArray) -> tuple[int, int]:
+    """(acknowledged ids missing, rows read twice) of a read's ids against the sorted ids
+    acknowledged before it began. Vectorised: a reader's check of a large table would otherwise
+    take more CPU than the gateway's read it checks, on the same cores, and more as the table
+    grows."""
     got = ids.to_numpy()
     unique = np.unique(got)
-    problems = []
-    if len(unique) != len(got):
-        problems.append(f"{len(got) - len(unique)} rows twice")
-    if missing := len(np.setdiff1d(expected, unique, assume_unique=True)):
+    return len(np.setdiff1d(expected, unique, assume_unique=True)), len(got) - len(unique)
+
+
+def check_ids(expected: np.ndarray, ids: pa.ChunkedArray) -> str | None:
+    """What is wrong with a read (``lost_and_doubled``), in words; None when nothing is."""
+    missing, twice = lost_and_doubled(expected, ids)
+    problems = [f"{twice} rows twice"] if twice else []
+    if missing:
         problems.append(f"{missing} acknowledged rows missing")
     return ", ".join(problems) or None
 
