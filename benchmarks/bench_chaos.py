@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +123,14 @@ def _failover(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dic
 def _maintained(
     url: str, uri: str, compact_every_s: float, every_s: float = 10.0, move_every_s: float = 15.0
 ) -> Iterator[Counter[str]]:
-    """Maintenance while the load runs, as an operator runs it:
+    """Maintenance while the load runs, as an operator runs it, each task on its own schedule
+    (the pause is between one run's end and the next one's start):
 
     - every ``every_s``, versions past ``retention.keep_last`` expire, and with them Iceberg
       snapshots and unreferenced files (after a grace longer than a read takes here);
-    - every ``compact_every_s`` the files and Iceberg sources are compacted to one file each;
+    - every ``compact_every_s`` the files and Iceberg sources are compacted to one file each
+      (in its own thread: behind the expiry pass, which takes 30-50 s under the full load, it
+      ran every 3-4 minutes instead of every minute, and reads opened up to 150 files);
     - every ``move_every_s`` a mover flushes the Kafka source's rows to Iceberg (``low = high``).
 
     Without expiry every Iceberg commit rewrites a metadata file listing every snapshot so far;
@@ -144,16 +147,19 @@ def _maintained(
 
     catalog, stop, counts = Catalog(url), threading.Event(), Counter[str]()
 
-    def maintain(client: HarnessClient, last: list[float]) -> None:
+    def maintain(_client: HarnessClient) -> None:
         run_once(catalog, grace_s=300)
         counts["maintenance runs"] += 1
-        if time.monotonic() - last[0] >= compact_every_s:
-            for source in ("files", "iceberg"):
+
+    def compact_all(client: HarnessClient) -> None:
+        for source in ("files", "iceberg"):
+            try:
                 compact(client, "t", source, ARROW)
                 counts["compactions"] += 1
-            last[0] = time.monotonic()
+            except LockUnavailable:  # the mover or writers held it past the wait: next time
+                counts["compactions put off"] += 1
 
-    def move(client: HarnessClient, _last: list[float]) -> None:
+    def move(client: HarnessClient) -> None:
         mover = KafkaToIcebergMover(client, "t", "kafka", "iceberg", owner="load-mover")
         try:
             counts["moves"] += mover.run_once().version is not None
@@ -161,18 +167,21 @@ def _maintained(
             counts["moves put off"] += 1
 
     def loop(step: Any, pause_s: float) -> None:
-        last = [time.monotonic()]
         with HarnessClient(uri, busy_wait_s=120) as client:
             while not stop.wait(pause_s):
                 try:
-                    step(client, last)
+                    step(client)
                 except Exception:
                     log.exception("maintenance failed")
                     counts["failures"] += 1
 
     threads = [
-        threading.Thread(target=loop, args=(maintain, every_s), daemon=True),
-        threading.Thread(target=loop, args=(move, move_every_s), daemon=True),
+        threading.Thread(target=loop, args=(step, pause_s), daemon=True)
+        for step, pause_s in (
+            (maintain, every_s),
+            (compact_all, compact_every_s),
+            (move, move_every_s),
+        )
     ]
     for t in threads:
         t.start()
@@ -198,18 +207,14 @@ def _load(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[st
             client.commit("t", properties={"retention.keep_last": 2000})
         load = Load([gw.uri])
         with _maintained(url, gw.uri, compact_every_s) as maintenance:
-            threads = load.run(writers, readers)
-            time.sleep(min(10.0, seconds / 4))
-            started = time.monotonic()
-            rss = _sampled_rss(gw, seconds)
-            load.finish(threads)
-        elapsed = time.monotonic() - started
+            rss, elapsed = _run_sampled(load, gw, (writers, readers), seconds)
         time.sleep(5.0 if quick else 35.0)  # idle past one malloc_trim period (30 s)
         rss_idle = gw.rss_mb()
         lost, dup = _check(load, gw.uri, [])
         yield from _rows(f"load {writers}w+{readers}r", load, elapsed, lost, dup)
-        yield from _rss_rows(rss)
+        yield from _rss_rows(rss, load)
         yield {"case": "load: gateway RSS idle after the load", "value": rss_idle, "unit": "MB"}
+        yield from _control(url, gw, (writers, readers), quick, compact_every_s, rss)
         yield {"case": "load: maintenance", "value": maintenance["maintenance runs"], **maintenance}
         if maintenance["failures"]:
             raise RuntimeError(f"load: maintenance failed {maintenance['failures']} time(s)")
@@ -217,15 +222,84 @@ def _load(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[st
         gw.stop()
 
 
+def _run_sampled(
+    load: Load, gw: GatewayProcess, counts: tuple[int, int], seconds: float, **kw: float
+) -> tuple[list[dict[str, float]], float]:
+    """Run the load (``counts``: writers, readers), sample the gateway's memory for
+    ``seconds`` after ``warm_s`` (10) with the table's rows (``rows_before`` + those this load
+    put); (samples, seconds from the first sample to the end of the load)."""
+    threads = load.run(*counts)
+    time.sleep(kw.get("warm_s", 10.0))
+    started = time.monotonic()
+    before = int(kw.get("rows_before", 0))
+    samples = _sampled_rss(gw, seconds, rows=lambda: before + load.acked_rows)
+    load.finish(threads)
+    return samples, time.monotonic() - started
+
+
+def _control(
+    url: str,
+    gw: GatewayProcess,
+    counts: tuple[int, int],
+    quick: bool,
+    compact_every_s: float,
+    long_run: list[dict[str, float]],
+) -> Iterator[dict[str, Any]]:
+    """The same load, maintenance included, on the same (now larger) table through a freshly
+    started gateway, for as long as one fifth of the run after a minute's warm-up. Under the
+    long run the table grows (about 1.7x over 10 minutes), and each of the 64 readers holds
+    more of it in flight: what the gateway holds for the data it serves grows with it. A
+    gateway whose memory grows with time, not data, would hold more at the end of the long
+    run than a fresh one does under the same load on the same table; a flat one, the same."""
+    fifth_s = 4.0 if quick else 120.0
+    gw.stop()
+    gw.start()
+    load = Load([gw.uri], first_id=10**12)  # ids the long run never put
+    with _maintained(url, gw.uri, compact_every_s) as maintenance:
+        rss, _ = _run_sampled(
+            load,
+            gw,
+            counts,
+            fifth_s,
+            warm_s=4.0 if quick else 60.0,
+            rows_before=long_run[-1]["rows"],  # the table's rows when it ended
+        )
+    lost, dup = _check(load, gw.uri, [])
+    if lost or dup or load.errors or maintenance["failures"]:
+        raise AssertionError(
+            f"load, fresh gateway: {lost} lost, {dup} duplicated, errors {load.errors[:3]}, "
+            f"{maintenance['failures']} maintenance failures"
+        )
+    part = _part(rss, load)
+    fresh = part.pop("rss MB")
+    last = statistics.median(s["rss MB"] for s in long_run[-max(2, len(long_run) // 5) :])
+    yield {
+        "case": "load: fresh gateway, same load on the final table, RSS median",
+        "value": fresh,
+        "unit": "MB",
+        **part,
+    }
+    yield {
+        "case": "load: gateway RSS, last fifth against the fresh gateway",
+        "value": round(last / fresh, 3),
+        "unit": "x",
+        "ratio": round(last / fresh, 3),
+        "ratio_vs": "a fresh gateway on the same table (flat in time: ~1)",
+    }
+
+
 def _sampled_rss(
-    gw: GatewayProcess, seconds: float, every_s: float = 5.0
+    gw: GatewayProcess, seconds: float, rows: Callable[[], int], every_s: float = 5.0
 ) -> list[dict[str, float]]:
-    """The gateway's RSS and memory metrics every ``every_s`` for ``seconds``."""
+    """The gateway's RSS and memory metrics, and the table's acknowledged ``rows``, every
+    ``every_s`` for ``seconds``."""
 
     def sample() -> dict[str, float]:
         resident = gw.resident()
         return {
+            "t": time.perf_counter(),
             "rss MB": resident["VmRSS"],
+            "rows": rows(),
             "anon MB": resident["RssAnon"],
             "file MB": resident["RssFile"],
             **gw.breakdown(),
@@ -238,17 +312,21 @@ def _sampled_rss(
     return samples
 
 
-def _rss_rows(samples: list[dict[str, float]]) -> Iterator[dict[str, Any]]:
+def _part(samples: list[dict[str, float]], load: Load) -> dict[str, float]:
+    """Medians of a part of the samples, with the reads and commits that ended within it."""
+    keys = [k for k in samples[0] if k != "t"]
+    medians = {k: round(statistics.median(s[k] for s in samples), 1) for k in keys}
+    return {**medians, **load.window(samples[0]["t"], samples[-1]["t"])}
+
+
+def _rss_rows(samples: list[dict[str, float]], load: Load) -> Iterator[dict[str, Any]]:
     """RSS over the first and the last fifth of the run (medians: under 80 clients the resident
     size swings by hundreds of MB within a minute as buffers are taken and trimmed, so one
     sample at each end says little), its peak, and the same medians of the gateway's memory
-    metrics (where the memory is). Flat: the last fifth's median near the first's."""
-    fifth = max(1, len(samples) // 5)
-
-    def medians(part: list[dict[str, float]]) -> dict[str, float]:
-        return {k: round(statistics.median(s[k] for s in part), 1) for k in part[0]}
-
-    start, end = medians(samples[:fifth]), medians(samples[-fifth:])
+    metrics (where the memory is), with the table's rows and the reads and commits of each
+    fifth. Flat: the last fifth's median near the first's."""
+    fifth = max(2, len(samples) // 5)
+    start, end = _part(samples[:fifth], load), _part(samples[-fifth:], load)
     rss0, rss1 = start.pop("rss MB"), end.pop("rss MB")
     yield {"case": "load: gateway RSS, median of the first fifth", "value": rss0, "unit": "MB",
            **start}  # fmt: skip

@@ -83,8 +83,16 @@ class Load:
     check each read against what was acknowledged before it began (no row twice, none
     missing). Latencies are kept for the benchmark."""
 
-    def __init__(self, uris: list[str], regions: tuple[str, ...] = REGIONS, batch: int = 100):
-        self.uris, self.regions, self.batch = uris, regions, batch
+    def __init__(
+        self,
+        uris: list[str],
+        regions: tuple[str, ...] = REGIONS,
+        batch: int = 100,
+        first_id: int = 0,
+    ):
+        """``first_id``: where this load's ids start, so a second load on the same table puts
+        ids the first never did (its readers check its own acknowledged ids)."""
+        self.uris, self.regions, self.batch, self.first_id = uris, regions, batch, first_id
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.firsts: list[int] = []  # first id of every acknowledged batch (of ``batch`` ids)
@@ -93,6 +101,8 @@ class Load:
         self.left_at_stop = 0  # DoPuts refused for a lock when the run ended: not sent again
         self.commit_s: list[float] = []
         self.read_s: list[float] = []
+        self.commit_end: list[float] = []  # when each commit and read ended (perf_counter)
+        self.read_end: list[float] = []
 
     def client(self, n: int) -> HarnessClient:
         first = n % len(self.uris)  # spread clients over the replicas
@@ -105,7 +115,7 @@ class Load:
             for i in range(10**6):
                 if self.stop.is_set():
                     return
-                first = (n * 10**6 + i) * self.batch
+                first = self.first_id + (n * 10**6 + i) * self.batch
                 started = time.perf_counter()
                 try:
                     if not self._put(client, region, first):
@@ -113,8 +123,10 @@ class Load:
                 except Exception as e:  # failover gave up
                     self.errors.append(f"writer {n}: {type(e).__name__}: {e}")
                     return
+                ended = time.perf_counter()
                 with self.lock:
-                    self.commit_s.append(time.perf_counter() - started)
+                    self.commit_s.append(ended - started)
+                    self.commit_end.append(ended)
                     self.firsts.append(first)
 
     def _put(self, client: HarnessClient, region: str, first: int) -> bool:
@@ -134,6 +146,11 @@ class Load:
                         self.left_at_stop += 1
                         return False
                     self.lock_retries += 1
+
+    @property
+    def acked_rows(self) -> int:
+        with self.lock:
+            return len(self.firsts) * self.batch
 
     @property
     def acked(self) -> set[int]:
@@ -156,11 +173,25 @@ class Load:
                 except Exception as e:
                     self.errors.append(f"reader {n}: {type(e).__name__}: {e}")
                     return
-                took = time.perf_counter() - started
+                ended = time.perf_counter()
                 if problem := check_ids(before, ids):
                     self.errors.append(f"reader {n}: {problem}")
                 with self.lock:
-                    self.read_s.append(took)
+                    self.read_s.append(ended - started)
+                    self.read_end.append(ended)
+
+    def window(self, start: float, end: float) -> dict[str, float]:
+        """Reads and commits that ended between ``start`` and ``end`` (perf_counter): read
+        p50 (s), reads per minute, commits/s."""
+        with self.lock:
+            reads = [s for s, t in zip(self.read_s, self.read_end, strict=True) if start <= t < end]
+            commits = sum(start <= t < end for t in self.commit_end)
+        span = max(end - start, 1e-9)
+        return {
+            "read p50 s": round(statistics.median(reads), 2) if reads else float("nan"),
+            "reads/min": round(len(reads) * 60 / span, 1),
+            "commits/s": round(commits / span, 2),
+        }
 
     def run(self, writers: int, readers: int) -> list[threading.Thread]:
         threads = [threading.Thread(target=self.write, args=(n,)) for n in range(writers)]

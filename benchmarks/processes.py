@@ -14,7 +14,7 @@ from typing import Any
 from clients import HarnessClient
 from flight_gateway.local_kafka import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the project root
 TICKET_KEY = "chaos-ticket-key-0123456789abcdef"
 
 

@@ -66,38 +66,50 @@ class FilesConfig(SourceConfig):
     root: str | None = None
 
 
-def _inside(path: str, base: str, local: bool) -> bool:
-    if local:  # symlinks and ".." resolved: the real file must live under the real root
-        real, root = os.path.realpath(path), os.path.realpath(base)
-        return real == root or real.startswith(root.rstrip("/") + "/")
-    norm = os.path.normpath(path)
-    return norm.startswith(os.path.normpath(base).rstrip("/") + "/")
+def _inside(path: str, base: str, real_root: str | None) -> bool:
+    """``path`` (a real path when ``real_root`` is given, the real root) lives under ``base``."""
+    if real_root is not None:  # local: symlinks and ".." resolved
+        return path == real_root or path.startswith(real_root.rstrip("/") + "/")
+    return os.path.normpath(path).startswith(os.path.normpath(base).rstrip("/") + "/")
 
 
 def resolve_paths(root: str | None, files: Sequence[Any]) -> tuple[pafs.FileSystem, list[str]]:
     """Full paths of a state's file names, confined to ``root`` (absolute names and ``..`` may
     not leave it; without a root, names must be absolute and the gateway's allow-list checks
     them)."""
+    fs, paths, _ = _resolve(root, files)
+    return fs, paths
+
+
+def _resolve(
+    root: str | None, files: Sequence[Any]
+) -> tuple[pafs.FileSystem, list[str], list[str] | None]:
+    """``resolve_paths``, and for a local root each file's real path (symlinks and ``..``
+    resolved: the file that will be opened, which must live under the real root), each
+    resolved once: the read checks it against the allow-lists and hands it to clients."""
     fs, base = filesystem(root or "")
     local = isinstance(fs, pafs.LocalFileSystem)
-    out = []
+    real_root = locations.local_real(base) if local and base else None
+    out, reals = [], []
     for f in files:
-        if not isinstance(f, str) or not f:
+        if not isinstance(f, str) or not f or "\x00" in f:
             raise InvalidArgument(f"file entries must be non-empty strings, got {f!r}")
-        path = f if os.path.isabs(f) or not base else os.path.join(base, f)
-        if base and not _inside(path, base, local):
-            raise InvalidArgument(f"file {f!r} is outside the source's root")
         if not base and not os.path.isabs(f):
             raise InvalidArgument(f"file {f!r} is relative, but the source has no root")
+        path = f if os.path.isabs(f) or not base else os.path.join(base, f)
+        real = locations.local_real(path) if local else path
+        if base and not _inside(real, base, real_root):
+            raise InvalidArgument(f"file {f!r} is outside the source's root")
         out.append(path)
-    return fs, out
+        reals.append(real)
+    return fs, out, reals if local else None
 
 
-def _uris(fs: pafs.FileSystem, root: str | None, paths: list[str]) -> list[str]:
-    """Filesystem paths as locations a client can open: absolute local paths, or URIs with the
-    root's scheme (``s3://bucket/key``)."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        return [os.path.realpath(p) for p in paths]  # the files checked, wherever links lead
+def _uris(root: str | None, paths: list[str], reals: list[str] | None) -> list[str]:
+    """Filesystem paths as locations a client can open: real local paths (the files checked,
+    wherever links lead), or URIs with the root's scheme (``s3://bucket/key``)."""
+    if reals is not None:
+        return reals
     scheme = root.split("://", 1)[0] if root and "://" in root else ""
     return [f"{scheme}://{p}" if scheme else p for p in paths]
 
@@ -150,20 +162,27 @@ class FilesKind(SourceKind):
             return locations.storage("root", config.root)
         return locations.files("files", _file_list(source.name, source.state))
 
-    def _paths(self, request: ScanRequest, files: list[str]) -> tuple[pafs.FileSystem, list[str]]:
+    def _paths(
+        self, request: ScanRequest, files: list[str]
+    ) -> tuple[pafs.FileSystem, list[str], list[str]]:
         """The filesystem paths of ``files``, each checked against the gateway's allow-lists
-        where it really is (symlinks inside the root may point anywhere)."""
+        where it really is (symlinks inside the root may point anywhere), and the locations
+        a client opens them at (``_uris``)."""
         config: FilesConfig = self.parse_config(request.source)
-        fs, paths = resolve_paths(config.root, files)
-        request.check_files("data file", _uris(fs, config.root, paths))
-        return fs, paths
+        fs, paths, reals = _resolve(config.root, files)
+        uris = _uris(config.root, paths, reals)
+        if reals is None:
+            request.check_files("data file", uris)
+        else:
+            request.check_real_files("data file", reals)
+        return fs, paths, uris
 
     # ------------------------------------------------------------------ reading
 
     def _tasks(self, request: ScanRequest, files: list[str]) -> list[ScanTask]:
         src = request.source
         config: FilesConfig = self.parse_config(src)
-        fs, paths = self._paths(request, files)
+        fs, paths, _ = self._paths(request, files)
         infos = fs.get_file_info(paths) if paths else []
         for info in infos:
             if info.type == pafs.FileType.NotFound:
@@ -181,7 +200,7 @@ class FilesKind(SourceKind):
         src = request.source
         config: FilesConfig = self.parse_config(src)
         fmt = FORMATS[config.format]
-        fs, paths = self._paths(request, list(task.payload["files"]))
+        fs, paths, _ = self._paths(request, list(task.payload["files"]))
         cols = request.columns
 
         def one(path: str) -> pa.RecordBatchReader:
@@ -211,8 +230,8 @@ class FilesKind(SourceKind):
         config: FilesConfig = self.parse_config(request.source)
         if FORMATS[config.format] == "avro":
             return None  # clients read Parquet/ORC/IPC/CSV with pyarrow; Avro goes through us
-        fs, paths = self._paths(request, list(task.payload["files"]))
-        return DirectFiles(FORMATS[config.format], tuple(_uris(fs, config.root, paths)))
+        _, _, uris = self._paths(request, list(task.payload["files"]))
+        return DirectFiles(FORMATS[config.format], tuple(uris))
 
     def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
         src = request.source

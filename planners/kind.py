@@ -139,6 +139,11 @@ class ScanRequest:
 
         self.guard.check(self.source.name, locations.files(what, paths))
 
+    def check_real_files(self, what: str, reals: Iterable[str]) -> None:
+        """``check_files`` of local paths already resolved (``locations.local_real``): a read
+        resolves each file once, for this check and for the location it hands out."""
+        self.guard.check(self.source.name, [Reach("path", what, r) for r in reals])
+
     def check_task_count(self, n: int) -> None:
         if n > self.max_tasks:
             raise InvalidArgument(

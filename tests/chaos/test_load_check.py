@@ -34,3 +34,13 @@ def test_acknowledged_batches_expand_to_their_ids() -> None:
     load.firsts += [30, 0]
     assert load.acked_ids().tolist() == [0, 1, 2, 30, 31, 32]
     assert load.acked == {0, 1, 2, 30, 31, 32}
+    assert load.acked_rows == 6
+
+
+def test_a_window_counts_what_ended_within_it() -> None:
+    load = Load(["grpc://127.0.0.1:1"])
+    load.read_s += [1.0, 3.0, 5.0, 7.0]
+    load.read_end += [10.0, 20.0, 30.0, 70.0]
+    load.commit_end += [5.0, 15.0, 25.0, 35.0]
+    assert load.window(10.0, 40.0) == {"read p50 s": 3.0, "reads/min": 6.0, "commits/s": 0.1}
+    assert load.window(80.0, 90.0)["reads/min"] == 0.0
