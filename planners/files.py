@@ -290,10 +290,14 @@ HARNESS_FILE_PREFIXES = ("harness-", "spark-")
 def _referenced(pinned: Sequence[Pinned]) -> dict[str, set[str]]:
     """Local root -> the absolute paths some retained version lists there."""
     roots: dict[str, set[str]] = {}
+    seen: set[tuple[str, tuple[str, ...]]] = set()  # most versions repeat an earlier list
     for p in pinned:
         root = p.source.config.get("root")
         if isinstance(root, str) and "://" not in root:
-            files = _file_list(p.source.name, p.source.state)
+            files = tuple(_file_list(p.source.name, p.source.state))
+            if (root, files) in seen:
+                continue
+            seen.add((root, files))
             roots.setdefault(root, set()).update(
                 os.path.normpath(os.path.join(root, f)) for f in files
             )
