@@ -58,7 +58,7 @@ def test_relative_paths_resolve_from_the_working_directory(
 
 
 def test_the_c_library_is_used_on_linux() -> None:
-    if not os.uname().sysname == "Linux":
+    if os.uname().sysname != "Linux":
         pytest.skip("the C realpath is only used on Linux")
     assert locations._c_realpath is not None
 
