@@ -6,6 +6,9 @@
    (fetchall, then Arrow) and vs the ADBC driver, running the same SQL — goal >= 1.0 of psycopg.
 3. Freshness: time from produce to visible in a gateway read, with a KafkaIngester committing
    every 100 ms — goal p99 <= 1 s.
+4. Small pinned Postgres reads (1,000 rows) from 1 and 8 clients: reads/s through the gateway
+   vs ADBC on a connection each client keeps, running the same SQL; and through the gateway
+   with its connection pool off (``planners.postgres.pool``: every plan and read connects).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -216,6 +220,96 @@ def _postgres(client: HarnessClient, dsn: str, n: int, repeats: int) -> list[dic
     ]
 
 
+def _postgres_small(client: HarnessClient, location: str, dsn: str, seconds: float) -> list[dict]:
+    import adbc_driver_postgresql.dbapi as adbc
+    import psycopg
+
+    from planners.postgres import pool
+    from planners.postgres.versioning import enable_versioning, server_now
+    from planners.predicates.sql import postgres_literal
+
+    n = 1_000
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE small (id bigint PRIMARY KEY, name text, amount float8)")
+        enable_versioning(conn, "small")
+        conn.execute(
+            "INSERT INTO small SELECT g, 'name-' || g, g * 0.25 FROM generate_series(1, %s) g",
+            (n,),
+        )
+        as_of = server_now(conn)
+    client.create_table("small", [{"name": f.name, "type": str(f.type)} for f in SCHEMA])
+    client.add_source(
+        "small", "p", "postgres", config={"dsn": dsn, "table": "small"}, state={"as_of": as_of}
+    )
+    p = postgres_literal(as_of)
+    sql = (
+        f'SELECT "amount", "id", "name" FROM small WHERE sys_period @> {p}::timestamptz UNION '
+        f'ALL SELECT "amount", "id", "name" FROM small_history WHERE sys_period @> {p}::timestamptz'
+    )
+
+    def direct() -> Callable[[], None]:
+        conn = adbc.connect(dsn, autocommit=True)  # closed with the process: a bench
+
+        def read() -> None:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                assert cur.fetch_arrow_table().num_rows == n
+
+        return read
+
+    def gateway() -> Callable[[], None]:
+        c = HarnessClient(location)
+
+        def read() -> None:
+            assert c.read("small").num_rows == n
+
+        return read
+
+    rows = []
+    for clients in (1, 8):
+        adbc_rate = _rate(direct, clients, seconds)
+        gw_rate = _rate(gateway, clients, seconds)
+        kept = pool.ADBC.per_dsn, pool.PLANNING.per_dsn
+        pool.ADBC.per_dsn = pool.PLANNING.per_dsn = 0  # every plan and read connects
+        try:
+            unpooled = _rate(gateway, clients, seconds)
+        finally:
+            pool.ADBC.per_dsn, pool.PLANNING.per_dsn = kept
+        for case, rate in (("gateway", gw_rate), ("gateway, pool off", unpooled)):
+            rows.append(
+                {
+                    "case": f"Postgres {n:,}-row reads, {clients} clients, {case}",
+                    "value": round(rate, 1),
+                    "unit": "reads/s",
+                    "ratio": round(rate / adbc_rate, 3),
+                    "ratio_vs": f"ADBC on a kept connection ({adbc_rate:.0f} reads/s)",
+                }
+            )
+    return rows
+
+
+def _rate(make: Callable[[], Callable[[], None]], clients: int, seconds: float) -> float:
+    """Reads per second of ``clients`` threads, each running its own ``make()`` in a loop."""
+    readers = [make() for _ in range(clients)]
+    for read in readers:
+        read()  # warm: connections, caches
+    done = [0] * clients
+    stop = time.perf_counter() + seconds
+
+    def loop(i: int) -> None:
+        while time.perf_counter() < stop:
+            readers[i]()
+            done[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.perf_counter() - start)
+
+
 def _freshness(client: HarnessClient, bootstrap: str, samples: int) -> list[dict]:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -286,13 +380,15 @@ def run(quick: bool = False) -> list[dict]:
             catalog, GatewayConfig(port=0, allow_anonymous=True, ticket_key="bench-ticket-key-0123")
         )
         threading.Thread(target=server.serve, daemon=True).start()
-        client = HarnessClient(f"grpc://127.0.0.1:{server.port}")
+        location = f"grpc://127.0.0.1:{server.port}"
+        client = HarnessClient(location)
         with local_broker() as bootstrap:
             rows += _kafka(client, bootstrap, kafka_n, repeats)
             rows += _freshness(client, bootstrap, 20 if quick else 100)
         with postgres_database() as dsn:
             if dsn:
                 rows += _postgres(client, dsn, pg_n, repeats)
+                rows += _postgres_small(client, location, dsn, 3.0 if quick else 10.0)
         client.close()
         server.shutdown()
         catalog.close()

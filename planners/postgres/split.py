@@ -93,21 +93,27 @@ def key_ranges(
 ) -> tuple[str, str, list[str]] | None:
     """(key column, its type, boundaries) splitting the table into up to ``max_tasks`` ranges,
     or None when it is read as one task. ``where``: the read's pushed filter (SQL)."""
-    import psycopg
-    from psycopg import sql
+    from planners.postgres.pool import PLANNING
 
     if max_tasks <= 1:
         return None
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        qualified = sql.Identifier(schema, history).as_string(conn)
-        row = conn.execute(_KEY, (qualified, schema, table)).fetchone()
-        if row is None:
-            return None
-        column, type_, size = row
-        n = min(max_tasks, math.ceil(size * _kept(conn, schema, table, where) / TARGET_BYTES))
-        if n <= 1 or not _TYPE.match(type_):
-            return None
-        bounds = _bounds(conn, schema, table, column, type_, n)
+    return PLANNING.run(dsn, lambda conn: _split(conn, schema, table, history, max_tasks, where))
+
+
+def _split(
+    conn: Any, schema: str, table: str, history: str, max_tasks: int, where: str | None
+) -> tuple[str, str, list[str]] | None:
+    from psycopg import sql
+
+    qualified = sql.Identifier(schema, history).as_string(conn)
+    row = conn.execute(_KEY, (qualified, schema, table)).fetchone()
+    if row is None:
+        return None
+    column, type_, size = row
+    n = min(max_tasks, math.ceil(size * _kept(conn, schema, table, where) / TARGET_BYTES))
+    if n <= 1 or not _TYPE.match(type_):
+        return None
+    bounds = _bounds(conn, schema, table, column, type_, n)
     return (column, type_, bounds) if bounds else None
 
 

@@ -1,0 +1,181 @@
+"""Idle connections to PostgreSQL, kept for the next read (``ADBC``) or plan (``PLANNING``,
+psycopg) of the same DSN.
+
+Opening one costs a TCP and authentication round trip and, in the ADBC driver, a query of the
+server's type catalogue for each new database handle: 80-100 ms of a 1,000-row read when every
+plan and read connected (10 reads/s from one client; 100 with the pool, ``bench_hot_sources``),
+and 8 % of read time under 80 concurrent clients. A read takes a connection (``take``) and
+gives it back (``give``) only when its stream ended normally. One whose stream was closed early may be in the middle of a
+COPY, and one whose statement failed may be broken: those are closed, never pooled.
+
+Connections are in autocommit mode, so an idle one holds no transaction. One idle for longer
+than ``idle_s`` is closed by a sweeper thread rather than reused (servers, poolers and
+firewalls drop idle connections, and an operator dropping a database should not meet the
+gateway's idle sessions for long). A pooled connection the server dropped all the same fails
+its first statement: ``attempt`` then runs the work again on a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def close_quietly(con: Any) -> None:
+    try:
+        con.close()
+    except Exception:  # closing a connection the server already dropped
+        log.debug("closing a PostgreSQL connection failed", exc_info=True)
+
+
+class ConnectionPool:
+    """Up to ``per_dsn`` idle connections (made by ``connect(dsn)``) for each of at most
+    ``max_dsns`` DSNs."""
+
+    def __init__(
+        self,
+        connect: Callable[[str], Any],
+        per_dsn: int = 8,
+        max_dsns: int = 64,
+        idle_s: float = 15.0,
+    ) -> None:
+        self.connect = connect
+        self.per_dsn = per_dsn
+        self.max_dsns = max_dsns
+        self.idle_s = idle_s
+        self._idle: OrderedDict[str, list[tuple[float, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._sweeper: threading.Thread | None = None
+
+    def take(self, dsn: str) -> tuple[Any, bool]:
+        """(connection, fresh): an idle connection to ``dsn`` if there is a recent one, else a
+        new one (``fresh``)."""
+        now = time.monotonic()
+        stale: list[Any] = []
+        con = None
+        with self._lock:
+            idle = self._idle.get(dsn, [])
+            while idle and con is None:
+                since, candidate = idle.pop()  # the most recently used: likeliest alive
+                if now - since <= self.idle_s:
+                    con = candidate
+                else:
+                    stale.append(candidate)
+        for c in stale:
+            close_quietly(c)
+        if con is not None:
+            return con, False
+        return self.connect(dsn), True
+
+    def attempt(
+        self, dsn: str, work: Callable[[Any], T], own: tuple[type[Exception], ...] = ()
+    ) -> tuple[T, Any]:
+        """(``work(connection)``, the connection) on a pooled connection, for the caller to
+        ``give`` back when done with it. If ``work`` fails on a pooled (not fresh) connection
+        it runs once more on a fresh one: the server may have dropped the idle one. Errors of
+        the ``own`` types are the caller's (the query's answer, not the connection's) and are
+        raised at once. A connection whose work failed is closed."""
+        while True:
+            con, fresh = self.take(dsn)
+            try:
+                return work(con), con
+            except Exception as e:
+                close_quietly(con)
+                if fresh or isinstance(e, own):
+                    raise
+                log.info(
+                    "a pooled PostgreSQL connection failed (%s): retrying on a new one",
+                    type(e).__name__,
+                )
+
+    def run(self, dsn: str, work: Callable[[Any], T], own: tuple[type[Exception], ...] = ()) -> T:
+        """``work(connection)`` as ``attempt`` runs it, the connection given back after."""
+        out, con = self.attempt(dsn, work, own)
+        self.give(dsn, con)
+        return out
+
+    def give(self, dsn: str, con: Any) -> None:
+        """Keep ``con`` for the next read of ``dsn`` (the caller's statement ended normally)."""
+        surplus: list[Any] = []
+        with self._lock:
+            idle = self._idle.setdefault(dsn, [])
+            self._idle.move_to_end(dsn)
+            idle.append((time.monotonic(), con))
+            if len(idle) > self.per_dsn:
+                surplus.append(idle.pop(0)[1])
+            while len(self._idle) > self.max_dsns:
+                surplus.extend(c for _, c in self._idle.popitem(last=False)[1])
+            self._start_sweeper()
+        for c in surplus:
+            close_quietly(c)
+
+    def idle_count(self, dsn: str | None = None) -> int:
+        with self._lock:
+            if dsn is not None:
+                return len(self._idle.get(dsn, []))
+            return sum(len(v) for v in self._idle.values())
+
+    def clear(self) -> None:
+        """Close every idle connection."""
+        with self._lock:
+            cons = [c for idle in self._idle.values() for _, c in idle]
+            self._idle.clear()
+        for c in cons:
+            close_quietly(c)
+
+    def sweep(self) -> int:
+        """Close the connections idle for longer than ``idle_s``; how many."""
+        cutoff = time.monotonic() - self.idle_s
+        stale: list[Any] = []
+        with self._lock:
+            for dsn in list(self._idle):
+                idle = self._idle[dsn]
+                stale.extend(c for since, c in idle if since < cutoff)
+                idle[:] = [(since, c) for since, c in idle if since >= cutoff]
+                if not idle:
+                    del self._idle[dsn]
+        for c in stale:
+            close_quietly(c)
+        return len(stale)
+
+    def _start_sweeper(self) -> None:
+        # called with the lock held
+        if self._sweeper is not None and self._sweeper.is_alive():
+            return
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="pg-pool-sweep", daemon=True)
+        self._sweeper.start()
+
+    def _sweep_loop(self) -> None:
+        # runs while anything is idle; the next give starts it again
+        while True:
+            time.sleep(max(self.idle_s / 3, 0.05))
+            self.sweep()
+            with self._lock:
+                if not self._idle:
+                    self._sweeper = None
+                    return
+
+
+def connect_adbc(dsn: str) -> Any:
+    import adbc_driver_postgresql.dbapi as adbc
+
+    return adbc.connect(dsn, autocommit=True)
+
+
+def connect_psycopg(dsn: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+
+
+#: reads' connections (ADBC: Arrow out of COPY)
+ADBC = ConnectionPool(connect_adbc)
+#: planners' connections (psycopg: key ranges, estimates)
+PLANNING = ConnectionPool(connect_psycopg)
