@@ -36,6 +36,31 @@ def table_row_held(catalog_url: str, table: str) -> Iterator[None]:
         conn.rollback()
 
 
+def wait_for_orphans(catalog_url: str, timeout_s: float = 30) -> None:
+    """Wait until no other session of the catalog database is busy. A statement a killed
+    process had sent still runs to its end on a Postgres server (one waiting for a lock runs
+    once the lock is free): a check that read the catalog before it landed saw the current
+    version before it and the history after it. SQLite has no server: nothing outlives the
+    process."""
+    url = make_url(catalog_url)
+    if url.get_backend_name() == "sqlite":
+        return
+    import psycopg
+
+    dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+
+        def settled() -> bool:
+            busy = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+                "AND state <> 'idle'"
+            ).fetchone()
+            return busy is not None and busy[0] == 0
+
+        _wait(settled, "the killed process's statements to end", timeout_s)
+
+
 def _wait(cond: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():

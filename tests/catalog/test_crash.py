@@ -10,7 +10,7 @@ from typing import IO
 import pytest
 
 from flight_gateway.catalog import Catalog
-from tests.catalog.helpers import table_row_held
+from tests.catalog.helpers import table_row_held, wait_for_orphans
 
 WRITERS = 8
 
@@ -43,9 +43,10 @@ def _read_until(out: IO[str] | None, prefix: str, count: int) -> None:
     raise AssertionError(f"worker exited before printing {count} x {prefix!r}")
 
 
-def _assert_whole(cat: Catalog, first: int) -> None:
+def _assert_whole(cat: Catalog, first: int, catalog_url: str) -> None:
     """Versions are gap-free, and at every version each writer's two sources and its external
     state agree: every commit applied completely or not at all."""
+    wait_for_orphans(catalog_url)
     current = cat.current_version("t")
     assert [h.version for h in cat.history("t")] == list(range(current, -1, -1))
     for v in range(first, current + 1):
@@ -85,7 +86,7 @@ def test_killed_at_random_while_committing(catalog_url: str) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
-        _assert_whole(cat, first)
+        _assert_whole(cat, first, catalog_url)
         _still_writable(cat)
 
 
@@ -101,7 +102,7 @@ def test_killed_inside_the_group_transaction(catalog_url: str) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
-        _assert_whole(cat, first)
+        _assert_whole(cat, first, catalog_url)
         _still_writable(cat)
 
 
@@ -124,7 +125,7 @@ def test_killed_while_its_group_waits_for_the_table(catalog_url: str) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
-        _assert_whole(cat, first)
+        _assert_whole(cat, first, catalog_url)
         _still_writable(cat)
         for h in cat.history("t")[1:-2]:
             again = cat.commit("t", h.commit_id, external_state={"ignored": True})

@@ -28,14 +28,16 @@ SCHEMA = [
 ]
 
 
-def _librdkafka_handles() -> int:
-    """Kafka clients alive in this process, counted by the kernel: each librdkafka handle runs
-    one thread named ``rdk:main`` (independent of the pool's own count)."""
-    n = 0
+def _librdkafka_handles() -> set[str]:
+    """Kafka clients alive in this process, seen by the kernel: each librdkafka handle runs one
+    thread named ``rdk:main`` (independent of the pool's own count); their thread ids. Ids, not
+    a count: a client of an earlier test closing during a test would hide one it opened."""
+    out = set()
     for task in Path("/proc/self/task").iterdir():
         with contextlib.suppress(OSError):  # the thread ended meanwhile
-            n += (task / "comm").read_text().startswith("rdk:main")
-    return n
+            if (task / "comm").read_text().startswith("rdk:main"):
+                out.add(task.name)
+    return out
 
 
 @pytest.fixture
@@ -83,7 +85,7 @@ def test_concurrent_reads_share_the_bounded_consumers(
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _librdkafka_handles() - before)
+            peak[0] = max(peak[0], len(_librdkafka_handles() - before))
             time.sleep(0.002)
 
     def read() -> None:
