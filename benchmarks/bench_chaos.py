@@ -235,7 +235,9 @@ def _run_sampled(
     time.sleep(kw.get("warm_s", 10.0))
     started = time.monotonic()
     before = int(kw.get("rows_before", 0))
-    samples = _sampled_rss(gw, seconds, rows=lambda: before + load.acked_rows)
+    samples = _sampled_rss(
+        gw, seconds, rows=lambda: before + load.acked_rows, files=lambda: _files_listed(gw.uri)
+    )
     load.finish(threads)
     return samples, time.monotonic() - started
 
@@ -291,11 +293,23 @@ def _control(
     }
 
 
+def _files_listed(uri: str) -> int:
+    """How many files the table's files sources list at its current version: a read checks
+    and opens each, so its time follows this count between compactions."""
+    with HarnessClient(uri) as client:
+        info = client.describe("t")
+    return sum(len(s.state.get("files", ())) for s in info.sources if s.kind == "files")
+
+
 def _sampled_rss(
-    gw: GatewayProcess, seconds: float, rows: Callable[[], int], every_s: float = 5.0
+    gw: GatewayProcess,
+    seconds: float,
+    rows: Callable[[], int],
+    files: Callable[[], int],
+    every_s: float = 5.0,
 ) -> list[dict[str, float]]:
-    """The gateway's RSS and memory metrics, and the table's acknowledged ``rows``, every
-    ``every_s`` for ``seconds``."""
+    """The gateway's RSS and memory metrics, the table's acknowledged ``rows`` and the
+    ``files`` its files sources list, every ``every_s`` for ``seconds``."""
 
     def sample() -> dict[str, float]:
         resident = gw.resident()
@@ -303,6 +317,7 @@ def _sampled_rss(
             "t": time.perf_counter(),
             "rss MB": resident["VmRSS"],
             "rows": rows(),
+            "files": files(),
             "anon MB": resident["RssAnon"],
             "file MB": resident["RssFile"],
             **gw.breakdown(),
