@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.json as pajson
@@ -247,8 +248,11 @@ def _postgres_small(client: HarnessClient, location: str, dsn: str, seconds: flo
         f'ALL SELECT "amount", "id", "name" FROM small_history WHERE sys_period @> {p}::timestamptz'
     )
 
+    opened: list[Any] = []  # each client's connection, closed at the end
+
     def direct() -> Callable[[], None]:
-        conn = adbc.connect(dsn, autocommit=True)  # closed with the process: a bench
+        conn = adbc.connect(dsn, autocommit=True)
+        opened.append(conn)
 
         def read() -> None:
             with conn.cursor() as cur:
@@ -259,6 +263,7 @@ def _postgres_small(client: HarnessClient, location: str, dsn: str, seconds: flo
 
     def gateway() -> Callable[[], None]:
         c = HarnessClient(location)
+        opened.append(c)
 
         def read() -> None:
             assert c.read("small").num_rows == n
@@ -267,14 +272,17 @@ def _postgres_small(client: HarnessClient, location: str, dsn: str, seconds: flo
 
     rows = []
     for clients in (1, 8):
-        adbc_rate = _rate(direct, clients, seconds)
-        gw_rate = _rate(gateway, clients, seconds)
         kept = pool.ADBC.per_dsn, pool.PLANNING.per_dsn
-        pool.ADBC.per_dsn = pool.PLANNING.per_dsn = 0  # every plan and read connects
         try:
+            adbc_rate = _rate(direct, clients, seconds)
+            gw_rate = _rate(gateway, clients, seconds)
+            pool.ADBC.per_dsn = pool.PLANNING.per_dsn = 0  # every plan and read connects
             unpooled = _rate(gateway, clients, seconds)
         finally:
             pool.ADBC.per_dsn, pool.PLANNING.per_dsn = kept
+            for resource in opened:
+                resource.close()
+            opened.clear()
         for case, rate in (("gateway", gw_rate), ("gateway, pool off", unpooled)):
             rows.append(
                 {

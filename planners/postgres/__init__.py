@@ -257,7 +257,7 @@ def _facts_on(cur: Any, config: PostgresConfig, source: str) -> _Facts:
 def _on_pooled(config: PostgresConfig, source: str, work: Callable[[Any], T]) -> tuple[T, Any, Any]:
     """(``work(cursor)``, the cursor, its connection) on a pooled connection (``pool.ADBC``),
     for the caller to give back when done with them. Failures are Unavailable, except
-    ``work``'s own InvalidArgument and NotFound."""
+    ``work``'s own InvalidArgument, NotFound and Unavailable (``_OWN``), raised as they are."""
 
     def on(con: Any) -> tuple[T, Any]:
         cur = con.cursor()
