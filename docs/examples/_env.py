@@ -1,5 +1,7 @@
 """What the examples need, started locally: a gateway, a Kafka-protocol broker, a scratch
-Postgres database and an Iceberg catalog. Set HARNESS_PG_DSN to use another Postgres."""
+Postgres database and an Iceberg catalog. The Postgres server is the one at HARNESS_PG_DSN
+(default the loopback one), or one started for the example when nothing answers there
+(flight_gateway/local_postgres.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ from pyiceberg.catalog.sql import SqlCatalog
 from clients import HarnessClient
 from flight_gateway.catalog import Catalog
 from flight_gateway.local_kafka import local_broker
+from flight_gateway.local_postgres import admin_dsn, session_server
 from flight_gateway.server import GatewayConfig, HarnessFlightServer
 
-PG_ADMIN = os.environ.get("HARNESS_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN = admin_dsn()
 
 
 @dataclass
@@ -86,11 +89,8 @@ def environment(*, catalog_in_postgres: bool = False) -> Iterator[Env]:
     logging.getLogger("flight_gateway").setLevel(logging.WARNING)
     logging.getLogger("pipelines").setLevel(logging.WARNING)
     logging.getLogger("pypaimon").setLevel(logging.WARNING)
-    db = f"harness_example_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{db}"')
-    pg_dsn = PG_ADMIN.rpartition("/")[0] + "/" + db
-    try:
+    with session_server(PG_ADMIN) as pg, _scratch_database() as pg_dsn:
+        logging.getLogger("examples").info("%s", pg.describe())
         with tempfile.TemporaryDirectory() as tmp, local_broker() as bootstrap:
             root = Path(tmp)
             (root / "warehouse").mkdir()
@@ -112,6 +112,15 @@ def environment(*, catalog_in_postgres: bool = False) -> Iterator[Env]:
                 client.close()
                 server.shutdown()
                 catalog.close()
+
+
+@contextlib.contextmanager
+def _scratch_database() -> Iterator[str]:
+    db = f"harness_example_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{db}"')
+    try:
+        yield PG_ADMIN.rpartition("/")[0] + "/" + db
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
