@@ -56,9 +56,9 @@ def parse_type(text: str) -> pa.DataType:
     low = t.lower()
     if low in _EXTRA_ALIASES:
         return _EXTRA_ALIASES[low]
-    if m := _TS.match(t):
+    if m := _TS.fullmatch(t):
         return pa.timestamp(m.group(1), tz=m.group(2).strip() if m.group(2) else None)
-    if m := _DEC.match(low):
+    if m := _DEC.fullmatch(low):
         precision, scale = int(m.group(2)), int(m.group(3))
         try:
             if m.group(1) == "256" or precision > 38:
@@ -66,7 +66,7 @@ def parse_type(text: str) -> pa.DataType:
             return pa.decimal128(precision, scale)
         except (ValueError, pa.ArrowInvalid) as e:
             raise InvalidArgument(f"invalid decimal type {text!r}: {e}") from e
-    if m := _FSB.match(low):
+    if m := _FSB.fullmatch(low):
         return pa.binary(int(m.group(1)))
     for prefix, ctor in (("list<", pa.list_), ("large_list<", pa.large_list)):
         if low.startswith(prefix) and t.endswith(">"):

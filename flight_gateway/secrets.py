@@ -33,6 +33,10 @@ _REDACTED = "***"
 
 _values: set[str] = set()
 _lock = threading.Lock()
+#: Passwords written into a DSN literally (``postgresql://u:pw@h``, ``password=pw``): a
+#: library's error may quote the DSN it was given (DuckLake's attach does).
+URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)([^@/\s]+)(@)")
+DSN_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s'\"]+)", re.I)
 
 
 def remember(value: str) -> None:
@@ -43,21 +47,26 @@ def remember(value: str) -> None:
 
 
 def scrub(text: str) -> str:
-    """``text`` with every remembered secret value replaced by ``***``."""
+    """``text`` with every remembered secret value, and every password written into a DSN,
+    replaced by ``***``."""
     with _lock:
         values = sorted(_values, key=len, reverse=True)
     for v in values:
         if v in text:
             text = text.replace(v, _REDACTED)
-    return text
+    return passwords_hidden(text)
+
+
+def passwords_hidden(text: str) -> str:
+    return DSN_PASSWORD.sub(r"\1***", URL_PASSWORD.sub(r"\1***\3", text))
 
 
 class ScrubFilter(logging.Filter):
     """Removes secret values from log records (message and arguments), whoever logs them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if _values:
-            message = record.getMessage()
+        message = record.getMessage()
+        if _values or "password" in message.lower() or "://" in message:
             clean = scrub(message)
             if clean != message:
                 record.msg, record.args = clean, None

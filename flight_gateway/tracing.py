@@ -172,9 +172,13 @@ class TraceFactory(fl.ServerMiddlewareFactory):
 
         carrier = {}
         for k, v in headers.items():
-            if v:
+            # Only the text headers propagation reads: a binary (``-bin``) header may hold
+            # any bytes (grpc-trace-bin), and a call must not fail on one.
+            if v and not k.lower().endswith("-bin"):
                 value = v[0]
-                carrier[k.lower()] = value.decode() if isinstance(value, bytes) else str(value)
+                if isinstance(value, bytes):
+                    value = value.decode("utf-8", errors="replace")
+                carrier[k.lower()] = str(value)
         parent = propagate.extract(carrier)
         method = str(info.method).rsplit(".", 1)[-1]
         return _TraceMiddleware(

@@ -192,6 +192,10 @@ class AppendContext:
     table: str = ""
     #: Checks files the kind writes where metadata (not the config) chose the place.
     guard: Guard = ALLOW_ALL
+    #: A key of the gateway's for this table incarnation and source: a kind that marks what it
+    #: wrote so a retry can find it (Kafka headers) signs the marks with it, so that a writer
+    #: without the key cannot pass its own data off as a commit's.
+    tag_key: bytes = b""
 
 
 # ---------------------------------------------------------------------------- typed configs
@@ -252,7 +256,7 @@ class SourceConfig:
             if f.name not in config:
                 continue
             value = config[f.name]
-            if allow_refs and isinstance(value, str) and _REF.match(value):
+            if allow_refs and isinstance(value, str) and _REF.fullmatch(value):
                 continue
             values[f.name] = _check(value, hints[f.name], f"{where}: config {f.name!r}")
         if len(values) < len([f for f in fields(cls) if f.name in config]):

@@ -13,6 +13,7 @@ from flight_gateway.catalog.model import (
     SourceSnapshot,
     SourceSpec,
     SourceUpdate,
+    TableHead,
     TableSnapshot,
 )
 from flight_gateway.catalog.schema import Field, Schema
@@ -28,6 +29,7 @@ __all__ = [
     "SourceSnapshot",
     "SourceSpec",
     "SourceUpdate",
+    "TableHead",
     "TableSnapshot",
     "resolve_config",
 ]

@@ -34,6 +34,7 @@ def _insert_table(
     table_id = new_id(
         conn.execute(
             insert(tables).values(
+                id=db.next_table_id(conn),
                 name=name,
                 current_version=0,
                 min_version=0,

@@ -31,6 +31,7 @@ from flight_gateway.catalog.model import (
     SourceDef,
     SourceSpec,
     SourceUpdate,
+    TableHead,
     TableSnapshot,
 )
 from flight_gateway.errors import InvalidArgument
@@ -127,6 +128,10 @@ class Catalog:
 
     def current_version(self, name: str) -> int:
         return queries.current_version(self.engine, name)
+
+    def head(self, name: str) -> TableHead:
+        """The table's id and the versions it keeps (one primary-key lookup)."""
+        return queries.head(self._fast or self.engine, name)
 
     def history(self, name: str, limit: int | None = None) -> list[CommitInfo]:
         """Commits of the table, newest first."""

@@ -55,6 +55,16 @@ catalog_info = Table(
     Column("schema_version", Integer, nullable=False),
 )
 
+# Ids handed out so far, per kind of row (``table``): a table's id is never used again, so a
+# table dropped and created under the same name is another incarnation (SQLite reuses the
+# largest rowid once its row is deleted).
+last_ids = Table(
+    "harness_last_ids",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("last_id", BigInteger, nullable=False),
+)
+
 tables = Table(
     "harness_tables",
     metadata,
@@ -159,9 +169,32 @@ def _migration_2(conn: Connection) -> None:
         conn.exec_driver_sql(postgres_sql.LOCK_FUNCTION_V1)
 
 
+def _migration_3(conn: Connection) -> None:
+    """Table ids are never reused (``last_ids``), starting past the largest one in use."""
+    last_ids.create(conn, checkfirst=True)
+    if conn.execute(select(last_ids.c.last_id).where(last_ids.c.name == "table")).first() is None:
+        largest = conn.execute(select(func.max(tables.c.id))).scalar() or 0
+        conn.execute(last_ids.insert().values(name="table", last_id=int(largest)))
+
+
+def next_table_id(conn: Connection) -> int:
+    """A table id no table of this catalog ever had (taken under the counter's row lock)."""
+    q = select(last_ids.c.last_id).where(last_ids.c.name == "table")
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update()
+    row = conn.execute(q).first()
+    largest = conn.execute(select(func.max(tables.c.id))).scalar() or 0
+    new = max(int(row[0]) if row else 0, int(largest)) + 1
+    if row is None:
+        conn.execute(last_ids.insert().values(name="table", last_id=new))
+    else:
+        conn.execute(last_ids.update().where(last_ids.c.name == "table").values(last_id=new))
+    return new
+
+
 # Append-only list: migration i (1-based) moves the catalog from schema version i-1 to i.
 # Never edit a released migration; add a new one.
-MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2]
+MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2, _migration_3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

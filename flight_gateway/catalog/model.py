@@ -92,6 +92,15 @@ class SourceSnapshot:
 
 
 @dataclass(frozen=True)
+class TableHead:
+    """A table's identity and the versions it keeps now (one primary-key lookup)."""
+
+    table_id: int
+    current_version: int
+    min_version: int
+
+
+@dataclass(frozen=True)
 class TableSnapshot:
     """Everything a reader needs to read one pinned table version."""
 
@@ -104,6 +113,9 @@ class TableSnapshot:
     properties: Mapping[str, Any]
     external_state: Mapping[str, Any]
     sources: tuple[SourceSnapshot, ...]
+    #: The catalog's id of this incarnation of the table: a table dropped and created again
+    #: under the same name has another one (caches, tickets and handles carry it).
+    table_id: int = 0
 
     def source(self, name: str) -> SourceSnapshot:
         for s in self.sources:

@@ -8,7 +8,13 @@ from sqlalchemy import Connection, Engine, Row, func, select
 
 from flight_gateway.catalog.db import read_tx, schemas, sources, tables, versions
 from flight_gateway.catalog.in_force import kv_at, sources_at
-from flight_gateway.catalog.model import CommitInfo, SourceDef, SourceSnapshot, TableSnapshot
+from flight_gateway.catalog.model import (
+    CommitInfo,
+    SourceDef,
+    SourceSnapshot,
+    TableHead,
+    TableSnapshot,
+)
 from flight_gateway.catalog.schema import Schema
 from flight_gateway.catalog.validation import check_positive_int
 from flight_gateway.errors import InvalidArgument, NotFound
@@ -111,6 +117,7 @@ def describe(
             properties=props,
             external_state=external,
             sources=_snapshot_sources(conn, t.id, v),
+            table_id=int(t.id),
         )
 
 
@@ -123,6 +130,12 @@ def find_commit(engine: Engine, name: str, commit_id: str) -> int | None:
             )
         ).scalar()
         return None if v is None else int(v)
+
+
+def head(engine: Engine, name: str) -> TableHead:
+    with read_tx(engine) as conn:
+        t = table_row(conn, name)
+        return TableHead(int(t.id), int(t.current_version), int(t.min_version))
 
 
 def current_version(engine: Engine, name: str) -> int:

@@ -15,7 +15,7 @@ MAX_TTL_S = 86400.0
 
 
 def check_table_name(name: object) -> str:
-    if not isinstance(name, str) or len(name) > 512 or not _TABLE_NAME.match(name):
+    if not isinstance(name, str) or len(name) > 512 or not _TABLE_NAME.fullmatch(name):
         raise InvalidArgument(
             f"invalid table name {name!r}: use letters, digits, '_' or '-', optionally "
             "namespaced with '.' (e.g. 'ns.logs')"
@@ -24,7 +24,7 @@ def check_table_name(name: object) -> str:
 
 
 def check_source_name(name: str) -> str:
-    if not _SOURCE_NAME.match(name) or len(name) > 512:
+    if not isinstance(name, str) or len(name) > 512 or not _SOURCE_NAME.fullmatch(name):
         raise InvalidArgument(f"invalid source name {name!r}")
     return name
 

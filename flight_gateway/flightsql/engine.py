@@ -1,27 +1,32 @@
-"""DuckDB running one Flight SQL statement over the relations of its pinned tables.
+"""What DuckDB runs for one Flight SQL statement, built in the gateway, run in a worker.
 
-Each statement gets its own DuckDB connection, configured before anything of the caller's runs:
-memory limit with spilling to a per-statement temporary directory (removed afterwards), a bound
-on that directory, threads, UTC session time zone, no extension auto-loading. The harness
-relations are then created as views (``__harness_<n>``): DuckDB's own Parquet reader over the
-pinned files of file-based sources, a ``postgres_query`` on an ``ATTACH``ed server for
-PostgreSQL sources, the harness stream for the rest. Only then is external access switched off
-(``allowed_paths``: exactly the pinned files; ``allowed_directories``: the spill directory) and
-the configuration locked, so the caller's SQL cannot read files, attach databases, load
-extensions or change a setting. The result leaves as DuckDB produces it; a timer interrupts a
-statement that runs past its time.
+The gateway describes a statement to its worker process (``workers.py``, ``worker.py``) as
+setup steps and the statement itself: the harness relations become views (``__harness_<n>``):
+DuckDB's own Parquet reader over the pinned files of file-based sources, a ``postgres_query`` on
+an ``ATTACH``ed server for PostgreSQL sources, the harness stream for the rest (fed to the worker
+through a pipe). The worker creates them, then switches external access off (``allowed_paths``:
+exactly the pinned files; ``allowed_directories``: the spill directory) and locks the
+configuration, so the caller's SQL cannot read files, attach databases, load extensions or
+change a setting. Each statement gets a fresh DuckDB database there with its memory limit,
+spilling to a per-statement directory (removed afterwards), threads and UTC session time zone.
+
+Building needs DuckDB too (Parquet footers, DuckDB's name for an Arrow type), but only on the
+harness's own files and schemas: the gateway keeps one such database (``metadata()``), on which
+no caller SQL ever runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
+import re
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
 
 import pyarrow as pa
 
@@ -32,6 +37,7 @@ from flight_gateway.errors import (
     TimedOut,
     Unavailable,
 )
+from flight_gateway.flightsql.workers import Plan, WorkerLimits
 from planners.kind import ParquetScan, PostgresScan
 
 if TYPE_CHECKING:
@@ -59,6 +65,22 @@ class SqlLimits:
     spill_limit_mb: int = 10 * 1024
     temp_dir: str | None = None  # None: the system's temporary directory
 
+    @property
+    def hard_limit_mb(self) -> int:
+        """What one statement may allocate in all, past its worker's own size: DuckDB's buffers
+        (``memory_limit_mb``, spilling past it) and a quarter more, at least 64 MB, for what
+        DuckDB does not count (strings computed in expressions, result batches on their way
+        out). A result of 300,000 short rows streamed out needed more than 64 MB at 64 MB for
+        DuckDB and 64 in all."""
+        return int(self.memory_limit_mb) + max(64, int(self.memory_limit_mb) // 4)
+
+    def worker(self) -> WorkerLimits:
+        return WorkerLimits(
+            memory_limit_mb=self.hard_limit_mb,
+            duckdb_memory_mb=int(self.memory_limit_mb),
+            threads=int(self.threads) or (os.cpu_count() or 1),
+        )
+
 
 def _quote(text: str) -> str:
     """A DuckDB string literal."""
@@ -69,44 +91,26 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def connect(limits: SqlLimits, dsns: Sequence[str] = ()) -> Any:
-    """A new DuckDB database with the statement limits, each PostgreSQL server of ``dsns``
-    attached read-only as ``__pg_<i>``; nothing of a caller's has run on it yet."""
+_META: Any = None
+_META_LOCK = threading.Lock()
+
+
+def metadata() -> Any:
+    """A cursor on the gateway's own DuckDB database, for footers and type names only."""
+    global _META
     import duckdb
 
-    config: dict[str, Any] = {
-        "autoinstall_known_extensions": False,
-        "autoload_known_extensions": False,
-        "memory_limit": f"{int(limits.memory_limit_mb)}MB",
-        "threads": int(limits.threads) or (os.cpu_count() or 1),
-    }
-    con = duckdb.connect(config=config)
-    try:
-        con.execute("SET TimeZone = 'UTC'")  # results do not depend on the gateway's zone
-        if dsns:
-            _load(con, "postgres")
-        for i, dsn in enumerate(dsns):
-            con.execute(f"ATTACH {_quote(dsn)} AS __pg_{i} (TYPE postgres, READ_ONLY)")
-    except Exception as e:
-        con.close()
-        if isinstance(e, HarnessError):
-            raise
-        raise Unavailable(f"cannot connect to PostgreSQL: {e}") from e
-    return con
-
-
-def _load(con: Any, extension: str) -> None:
-    import duckdb_extensions
-
-    try:
-        duckdb_extensions.import_extension(extension, con=con)
-    except Exception as e:  # the matching extension wheel is a dependency
-        raise Unavailable(f"DuckDB extension {extension!r} is not installed: {e}") from e
-
-
-def use_spill(con: Any, spill: str, limits: SqlLimits) -> None:
-    con.execute(f"SET temp_directory = {_quote(spill)}")
-    con.execute(f"SET max_temp_directory_size = '{int(limits.spill_limit_mb)}MB'")
+    with _META_LOCK:
+        if _META is None:
+            _META = duckdb.connect(
+                config={
+                    "autoinstall_known_extensions": False,
+                    "autoload_known_extensions": False,
+                    "memory_limit": "256MB",
+                    "threads": 1,
+                }
+            )
+        return _META.cursor()
 
 
 def postgres_servers(relations: Sequence[TableRelation]) -> tuple[str, ...]:
@@ -126,16 +130,16 @@ def duckdb_types(con: Any, schema: pa.Schema) -> list[str]:
 
 
 class Builder:
-    """Creates the ``__harness_<n>`` views of one statement on ``con``."""
+    """Describes the ``__harness_<n>`` views of one statement as steps of ``plan``."""
 
-    def __init__(self, con: Any, dsns: Sequence[str]) -> None:
-        self.con = con
-        self.files: list[str] = []
-        self._attached = {dsn: f"__pg_{i}" for i, dsn in enumerate(dsns)}
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.meta = metadata()
+        self._attached = {dsn: f"__pg_{i}" for i, dsn in enumerate(plan.dsns)}
         self._streams = 0
 
     def view(self, index: int, rel: TableRelation, materialize: bool) -> None:
-        types = duckdb_types(self.con, rel.schema)
+        types = duckdb_types(self.meta, rel.schema)
         names = [c.names for c in rel.columns]
         selects = []
         for part in rel.parts:
@@ -147,7 +151,7 @@ class Builder:
             )
             selects = [f"SELECT {cols} WHERE false"]
         body = " UNION ALL ".join(f"({s})" for s in selects)
-        self.con.execute(f"CREATE TEMP VIEW __harness_{index} AS {body}")
+        self.plan.steps.append({"sql": f"CREATE TEMP VIEW __harness_{index} AS {body}"})
 
     def _part(self, part: Part, names: Names, types: list[str], materialize: bool) -> list[str]:
         if isinstance(part.scan, ParquetScan):
@@ -160,7 +164,7 @@ class Builder:
 
     def _footers(self, files: Sequence[str]) -> dict[str, list[tuple[str, int | None]]]:
         """Top-level (name, field id) of each file, from the Parquet footers."""
-        rows = self.con.execute(
+        rows = self.meta.execute(
             "SELECT file_name, name, field_id, num_children FROM parquet_schema(?)", [list(files)]
         ).fetchall()
         by_file: dict[str, list[tuple[str, int | None, int]]] = {}
@@ -179,7 +183,7 @@ class Builder:
         files = list(scan.files)
         if not files:
             return []  # the tasks hold no file: no rows from this source
-        self.files.extend(files)
+        self.plan.files.extend(files)
         footers = self._footers(files)
         groups: dict[tuple[str | None, ...], list[str]] = {}
         for f in files:
@@ -199,7 +203,7 @@ class Builder:
     # ------------------------------------------------------------------ PostgreSQL
 
     def _postgres(self, part: Part, scan: PostgresScan, names: Names, types: list[str]) -> str:
-        alias = self._attached[scan.dsn]  # connect() attached every server
+        alias = self._attached[scan.dsn]  # the worker attaches every server of plan.dsns
         cols = [
             _column(n[0], t, scan.columns.get(n[0]), part.source)
             for n, t in zip(names, types, strict=True)
@@ -211,7 +215,7 @@ class Builder:
             return select
         name = f"__small_{self._streams}"
         self._streams += 1
-        self.con.execute(f"CREATE TEMP TABLE {name} AS {select}")
+        self.plan.steps.append({"sql": f"CREATE TEMP TABLE {name} AS {select}"})
         return f"SELECT * FROM {name}"
 
     # ------------------------------------------------------------------ streams
@@ -220,25 +224,12 @@ class Builder:
         assert part.open is not None
         name = f"__stream_{self._streams}"
         self._streams += 1
-        reader = part.open()
-        self.con.register(name, reader)
-        if materialize:  # read several times: DuckDB keeps it (spilling past its memory limit)
-            self.con.execute(f"CREATE TEMP TABLE {name}_rows AS SELECT * FROM {name}")
-            self.con.unregister(name)
-            name = f"{name}_rows"
+        self.plan.steps.append(
+            {"stream": name, "fd": len(self.plan.streams), "materialize": materialize}
+        )
+        self.plan.streams.append(part.open)
         cols = ", ".join(_ident(n[0]) for n in names)
-        return f"SELECT {cols} FROM {name}"
-
-    # ------------------------------------------------------------------ sandbox
-
-    def lock(self, spill: str | None) -> None:
-        """External access off (only the pinned files and the spill directory), config locked."""
-        paths = ", ".join(_quote(f) for f in dict.fromkeys(self.files))
-        self.con.execute(f"SET allowed_paths = [{paths}]")
-        if spill is not None:
-            self.con.execute(f"SET allowed_directories = [{_quote(spill + os.sep)}]")
-        self.con.execute("SET enable_external_access = false")
-        self.con.execute("SET lock_configuration = true")
+        return f"SELECT {cols} FROM {name}_rows" if materialize else f"SELECT {cols} FROM {name}"
 
 
 def _skip(elems: list[tuple[str, int | None, int]], i: int) -> int:
@@ -279,40 +270,66 @@ def _column(name: str, duck_type: str, physical: str | None, source: str) -> str
 
 
 def build(
-    con: Any, relations: Sequence[TableRelation], read_more_than_once: Sequence[bool]
-) -> Builder:
-    """The statement's views on ``con`` (from ``connect(limits, postgres_servers(relations))``)."""
-    builder = Builder(con, postgres_servers(relations))
-    for i, rel in enumerate(relations):
-        builder.view(i, rel, read_more_than_once[i])
-    return builder
+    sql: str, relations: Sequence[TableRelation], read_more_than_once: Sequence[bool]
+) -> Plan:
+    """What the worker runs for ``sql`` over the statement's relations."""
+    plan = Plan(sql, dsns=postgres_servers(relations))
+    builder = Builder(plan)
+    try:
+        for i, rel in enumerate(relations):
+            builder.view(i, rel, read_more_than_once[i])
+    finally:
+        builder.meta.close()
+    return plan
+
+
+def secrets_of(dsns: Sequence[str]) -> list[str]:
+    """What of a statement's PostgreSQL DSNs must not appear in an error: each DSN whole, and
+    its password (URL or ``key=value`` form)."""
+    out = []
+    for dsn in dsns:
+        out.append(dsn)
+        if "://" in dsn:
+            with contextlib.suppress(ValueError):
+                password = urlsplit(dsn).password
+                if password:
+                    out += [password, quote(password, safe="")]
+        out += [m.group(1).strip("'") for m in _PASSWORD.finditer(dsn)]
+    return sorted({s for s in out if s}, key=len, reverse=True)
+
+
+_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
 
 
 def spill_directory(limits: SqlLimits) -> str:
     return tempfile.mkdtemp(prefix="harness-sql-", dir=limits.temp_dir)
 
 
-def translate(e: BaseException, limits: SqlLimits) -> BaseException:
-    """A DuckDB failure as the harness error a caller should see."""
-    import duckdb
-
-    if isinstance(e, HarnessError):
-        return e
-    if isinstance(e, duckdb.InterruptException):
+def translate(
+    kind: str, message: str, limits: SqlLimits, secrets: Sequence[str] = ()
+) -> HarnessError:
+    """A worker's failure (``worker._kind``) as the harness error a caller should see; the
+    statement's connection secrets (PostgreSQL passwords) never appear in it."""
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, "***")
+    if kind == "interrupted":
         return TimedOut(
             f"the statement ran longer than limits.sql_timeout_s ({limits.timeout_s:g} s) and "
             "was stopped"
         )
-    if isinstance(e, duckdb.OutOfMemoryException):
+    if kind == "memory":
         return ResourceExhausted(
             "the statement needed more than limits.sql_memory_limit_mb "
-            f"({limits.memory_limit_mb} MB, spilling up to {limits.spill_limit_mb} MB): {e}"
+            f"({limits.memory_limit_mb} MB, spilling up to {limits.spill_limit_mb} MB): {message}"
         )
-    if isinstance(e, duckdb.IOException):
-        return Unavailable(f"the statement could not read a source: {e}")
-    if isinstance(e, duckdb.Error):
-        return InvalidArgument(f"the query failed: {e}")
-    return e
+    if kind == "io":
+        return Unavailable(f"the statement could not read a source: {message}")
+    if kind == "source":
+        return Unavailable(f"a source of the statement could not be read: {message}")
+    if kind == "query":
+        return InvalidArgument(f"the query failed: {message}")
+    return Unavailable(f"the statement failed in its worker process: {message}")
 
 
 def source_failure(e: BaseException) -> BaseException:
@@ -320,45 +337,3 @@ def source_failure(e: BaseException) -> BaseException:
     if isinstance(e, HarnessError):
         return e
     return Unavailable(f"a source of the statement could not be read: {e}")
-
-
-class Running:
-    """One executing statement: its connection, spill directory and timer."""
-
-    def __init__(self, con: Any, spill: str | None, limits: SqlLimits) -> None:
-        self.con, self.spill, self.limits = con, spill, limits
-        self.timer = threading.Timer(limits.timeout_s, con.interrupt)
-        self.timer.daemon = True
-        self.timer.start()
-        self._closed = False
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.timer.cancel()
-        try:
-            self.con.interrupt()
-            self.con.close()
-        except Exception:  # closing a connection that failed: nothing left to release
-            log.debug("closing a statement's DuckDB connection failed", exc_info=True)
-        if self.spill is not None:
-            shutil.rmtree(self.spill, ignore_errors=True)
-
-    def stream(self, sql: str) -> pa.RecordBatchReader:
-        """The result of ``sql`` as DuckDB produces it; closes everything when it ends."""
-        try:
-            reader = self.con.execute(sql).to_arrow_reader(BATCH_ROWS)
-        except BaseException as e:
-            self.close()
-            raise translate(e, self.limits) from None
-
-        def gen() -> Iterator[pa.RecordBatch]:
-            try:
-                yield from reader
-            except BaseException as e:
-                raise translate(e, self.limits) from None
-            finally:
-                self.close()
-
-        return pa.RecordBatchReader.from_batches(reader.schema, gen())

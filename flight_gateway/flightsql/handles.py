@@ -30,13 +30,20 @@ class HandleSealer:
         return base64.urlsafe_b64encode(hmac.new(self._key, body, hashlib.sha256).digest())
 
     def seal(self, value: dict[str, Any], *, now: float | None = None) -> bytes:
-        expires = (time.time() if now is None else now) + self.ttl_s
+        """``value`` sealed; valid ``ttl_s`` from now, or until its ``exp`` when it has one (a
+        handle sealed again keeps its expiry: binding parameters does not renew it)."""
+        expires = value.get("exp")
+        if not isinstance(expires, int | float):
+            expires = (time.time() if now is None else now) + self.ttl_s
         text = json.dumps({**value, "exp": expires}, separators=(",", ":"))
         body = base64.urlsafe_b64encode(text.encode())
         return PREFIX + body + b"." + self._mac(body)
 
-    def open(self, handle: bytes, *, now: float | None = None) -> dict[str, Any]:
-        """The sealed value (without ``exp``); INVALID_ARGUMENT if tampered with or expired."""
+    def open(
+        self, handle: bytes, *, now: float | None = None, keep_expiry: bool = False
+    ) -> dict[str, Any]:
+        """The sealed value (without ``exp`` unless ``keep_expiry``); INVALID_ARGUMENT if
+        tampered with or expired."""
         if not handle.startswith(PREFIX) or handle.count(b".") != 2:
             raise InvalidArgument("not a statement handle of this server")
         body, mac = handle[len(PREFIX) :].split(b".")
@@ -48,4 +55,6 @@ class HandleSealer:
             raise InvalidArgument(
                 "statement handle has expired; prepare or run the statement again"
             )
+        if keep_expiry:
+            value["exp"] = expires
         return value

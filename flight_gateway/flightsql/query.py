@@ -358,10 +358,17 @@ def reads_more_than_once(tree: exp.Query) -> bool:
     return tree.find(exp.CTE) is not None
 
 
-def check_duckdb_functions(con: Any, sql: str) -> None:
+def check_duckdb_functions(sql: str) -> None:
     """The ``denied`` check on DuckDB's own parse of ``sql``: whatever syntax calls a function
-    (``'x'.current_setting()``, ``main.f()``, a quoted name), DuckDB names it here."""
-    parsed = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    (``'x'.current_setting()``, ``main.f()``, a quoted name), DuckDB names it here. Parsing
+    only (the gateway's metadata database): nothing of the statement is bound or evaluated."""
+    from flight_gateway.flightsql.engine import metadata
+
+    con = metadata()
+    try:
+        parsed = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    finally:
+        con.close()
     if parsed.get("error"):
         raise InvalidArgument(f"the query failed: {parsed.get('error_message')}")
     for name in _function_names(parsed):
@@ -374,8 +381,8 @@ _INTERNAL = re.compile(r"^__harness_[0-9]+$")
 
 
 def _check_duckdb_tables(parsed: Any) -> None:
-    """Every table DuckDB will look up is one of the statement's views or a CTE, and no CTE
-    takes a reserved name: so no name can reach DuckDB's catalog, settings or attached
+    """Every table DuckDB will look up is one of the statement's views or a CTE (no table
+    function), and no CTE takes a reserved name: so no name can reach DuckDB's catalog, settings or attached
     servers, whatever scoping the first parse got wrong."""
     ctes: set[str] = set()
     tables: list[Mapping[str, Any]] = []
@@ -385,6 +392,11 @@ def _check_duckdb_tables(parsed: Any) -> None:
         if isinstance(node, dict):
             if node.get("type") == "BASE_TABLE":
                 tables.append(node)
+            elif node.get("type") == "TABLE_FUNCTION":  # the first parse refuses them too
+                name = (node.get("function") or {}).get("function_name", "?")
+                raise InvalidArgument(
+                    f"table function {name}() is not allowed; read harness tables by name"
+                )
             for entry in (node.get("cte_map") or {}).get("map", []):
                 ctes.add(str(entry.get("key", "")).lower())
             stack.extend(node.values())
@@ -396,7 +408,7 @@ def _check_duckdb_tables(parsed: Any) -> None:
     for t in tables:
         name = str(t.get("table_name", ""))
         qualified = t.get("schema_name") or t.get("catalog_name")
-        if qualified or not (_INTERNAL.match(name) or name.lower() in ctes):
+        if qualified or not (_INTERNAL.fullmatch(name) or name.lower() in ctes):
             raise InvalidArgument(f"table {name!r} is not a harness table of this statement")
 
 

@@ -12,25 +12,25 @@ DoPut, ``CommandPreparedStatementQuery``), ``CommandGetSqlInfo``, ``CommandGetCa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import shutil
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
 from google.protobuf import any_pb2
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from flight_gateway import __version__, tracing
 from flight_gateway.errors import InvalidArgument
 from flight_gateway.flightsql import engine, metadata, query, relations
 from flight_gateway.flightsql.handles import HandleSealer
-from flight_gateway.flightsql.pool import WarmPool
 from flight_gateway.flightsql.proto import FlightSql_pb2
+from flight_gateway.flightsql.workers import Execution, Plan, WorkerPool
 from flight_gateway.protocol import ReadRequest
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.ingest import read_upload
@@ -69,10 +69,13 @@ def unpack(data: bytes) -> Any | None:
         return None
     name = wrapper.type_url[len(TYPE_PREFIX) :]
     cls = getattr(pb, name, None)
-    if cls is None:
-        raise NotImplementedError(f"Flight SQL command {name} is not supported")
+    if not (isinstance(cls, type) and issubclass(cls, Message)):  # DESCRIPTOR, an enum, ...
+        raise NotImplementedError(f"Flight SQL command {name[:100]!r} is not supported")
     message = cls()
-    wrapper.Unpack(message)
+    try:
+        wrapper.Unpack(message)
+    except DecodeError as e:
+        raise InvalidArgument(f"malformed Flight SQL command {name}: {e}") from None
     return message
 
 
@@ -109,10 +112,15 @@ class FlightSqlService:
         key: bytes,
         ttl_s: float = 3600.0,
         limits: engine.SqlLimits | None = None,
+        slots: Callable[[str], AbstractContextManager[None]] | None = None,
+        workers: int = 4,
     ) -> None:
         self.reads = reads
         self.limits = limits or engine.SqlLimits()
-        self.pool = WarmPool(self.limits)
+        #: What a statement holds while it runs, typing included: its caller's stream slot and
+        #: a gateway-wide statement slot (the server's ``statement_slots``).
+        self.slots = slots or (lambda name: contextlib.nullcontext())
+        self.workers = WorkerPool(self.limits.worker(), workers)
         self.catalog = reads.catalog
         #: Handles expire like tickets (the gateway's ``ticket_ttl_s``).
         self.handles = HandleSealer(key, ttl_s)
@@ -129,7 +137,7 @@ class FlightSqlService:
             raise InvalidArgument("the statement has parameters: prepare it and bind them")
         refs = query.table_refs(tree)
         moment = self.catalog.now()  # one cut for every table not pinned explicitly
-        pins = []
+        pins, ids = [], []
         for r in refs:
             who.require("read", r.table)
             if r.version is not None:
@@ -139,7 +147,9 @@ class FlightSqlService:
                     r.table, None, r.as_of if r.as_of is not None else moment
                 )
             pins.append(snap.version)
-        return {"sql": tree.sql(query.DIALECT), "pins": pins, "who": who.name}
+            ids.append(snap.table_id)
+        sql = tree.sql(query.DIALECT)
+        return {"kind": "statement", "sql": sql, "pins": pins, "ids": ids, "who": who.name}
 
     def _prepare_reads(
         self, handle: dict[str, Any], who: Principal | None = None
@@ -150,9 +160,10 @@ class FlightSqlService:
             for ref in refs:
                 who.require("read", ref.table)
         snaps = []
-        for ref, version in zip(refs, handle["pins"], strict=True):
+        ids = handle.get("ids") or [None] * len(refs)
+        for ref, version, table_id in zip(refs, handle["pins"], ids, strict=True):
             ref.version, ref.as_of = int(version), None
-            snaps.append(self.reads.snapshot(ref.table, ref.version))
+            snaps.append(self.reads.snapshot(ref.table, ref.version, table_id=table_id))
         schemas = {
             r.alias: {f.name for f in s.schema.fields} for r, s in zip(refs, snaps, strict=True)
         }
@@ -166,9 +177,9 @@ class FlightSqlService:
         empty relations of the right columns), and which one each reference reads; ``who``
         must be allowed to read every table."""
         tree, refs, snaps = self._prepare_reads(handle, who)
-        groups: dict[tuple[str, int], list[int]] = {}
+        groups: dict[tuple[int, int], list[int]] = {}
         for i, snap in enumerate(snaps):
-            groups.setdefault((snap.table, snap.version), []).append(i)
+            groups.setdefault((snap.table_id, snap.version), []).append(i)
         relation_of = [0] * len(refs)
         rels, again = [], []
         for n, members in enumerate(groups.values()):
@@ -190,63 +201,64 @@ class FlightSqlService:
                 relation_of[i] = n
         return Statement(tree, refs, relation_of, again), rels
 
-    def schema_of(self, handle: dict[str, Any]) -> pa.Schema:
+    def _run(self, plan: Plan, op: str) -> Execution:
+        dsns = plan.dsns
+
+        def translate(kind: str, message: str) -> BaseException:
+            return engine.translate(kind, message, self.limits, engine.secrets_of(dsns))
+
+        return Execution(
+            self.workers,
+            plan,
+            op,
+            timeout_s=self.limits.timeout_s,
+            spill_limit_mb=self.limits.spill_limit_mb,
+            batch_rows=engine.BATCH_ROWS,
+            translate=translate,
+        )
+
+    def _sql(self, stmt: Statement) -> str:
+        sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
+        query.check_duckdb_functions(sql)
+        return sql
+
+    def schema_of(self, handle: dict[str, Any], who: Principal) -> pa.Schema:
         """The result schema: the statement over empty relations of the pinned columns (nothing
-        is planned or read)."""
+        is planned or read), typed by DuckDB in a worker: binding evaluates constant
+        expressions, so typing holds a statement's slots and bounds like running it."""
         stmt, rels = self._relations(handle, plan=False)
-        con = self.pool.take(())
-        # Typing binds the statement without running it (LIMIT 0 on the relation keeps the
-        # column names as they are); the timer still bounds it.
-        timer = threading.Timer(self.limits.timeout_s, con.interrupt)
-        timer.daemon = True
-        timer.start()
-        try:
-            engine.build(con, rels, stmt.again).lock(None)
-            sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
-            query.check_duckdb_functions(con, sql)
-            try:
-                return con.sql(sql).limit(0).to_arrow_table().schema
-            except Exception as e:
-                raise engine.translate(e, self.limits) from None
-        finally:
-            timer.cancel()
-            con.close()
+        plan = engine.build(self._sql(stmt), rels, stmt.again)
+        with self.slots(who.name):
+            return self._run(plan, "schema").schema()
 
     def execute(self, handle: dict[str, Any], who: Principal) -> pa.RecordBatchReader:
-        """The statement's result, streamed as DuckDB produces it."""
+        """The statement's result, streamed as its worker produces it (the caller holds the
+        statement's slots until the stream ends)."""
         with tracing.span("sql.plan"):
             stmt, rels = self._relations(handle, plan=True, who=who)
-        spill = engine.spill_directory(self.limits)
+        sql = self._sql(stmt)
         try:
-            con = self.pool.take(engine.postgres_servers(rels))
-        except BaseException:
-            shutil.rmtree(spill, ignore_errors=True)
-            raise
-        running = engine.Running(con, spill, self.limits)
-        try:
-            engine.use_spill(con, spill, self.limits)
-            try:
-                engine.build(con, rels, stmt.again).lock(spill)
-            except Exception as e:  # the sources failed, not the caller's SQL
-                raise engine.source_failure(e) from None
-            sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
-            query.check_duckdb_functions(con, sql)
-        except BaseException as e:
-            running.close()
-            raise engine.translate(e, self.limits) from None
+            plan = engine.build(sql, rels, stmt.again)
+        except Exception as e:  # the sources failed, not the caller's SQL
+            raise engine.source_failure(e) from None
+        plan.spill = engine.spill_directory(self.limits)
         names = [r.table for r in rels]
         report = {
             (r.table if names.count(r.table) == 1 else f"{r.table}@{r.version}"): r.report()
             for r in rels
         }
         log.info("flight sql: %s", json.dumps(report))
-        return tracing.traced_stream("sql.execute", running.stream(sql))
+        return tracing.traced_stream("sql.execute", self._run(plan, "run").stream())
+
+    def close(self) -> None:
+        self.workers.close()
 
     # ------------------------------------------------------------------ Flight calls
 
     def get_flight_info(
         self, message: Any, descriptor: fl.FlightDescriptor, who: Principal
     ) -> fl.FlightInfo:
+        self.workers.warm()
         result, ticket = self._plan(message, who)
         endpoint = fl.FlightEndpoint(ticket, [])
         return fl.FlightInfo(
@@ -255,30 +267,37 @@ class FlightSqlService:
 
     def _plan(self, message: Any, who: Principal) -> tuple[Result, bytes]:
         if isinstance(message, pb.CommandStatementQuery):
-            return self._statement_info(self._statement(message.query, (), who))
+            return self._statement_info(self._statement(message.query, (), who), who)
         if isinstance(message, pb.CommandPreparedStatementQuery):
-            prepared = self._open(message.prepared_statement_handle, who)
+            prepared = self._open(message.prepared_statement_handle, who, "prepared")
             return self._statement_info(
-                self._statement(prepared["sql"], prepared.get("params") or (), who)
+                self._statement(prepared["sql"], prepared.get("params") or (), who), who
             )
         table = self._metadata(message, who)
         return Result(table.schema, table), pack(message)
 
-    def _statement_info(self, handle: dict[str, Any]) -> tuple[Result, bytes]:
+    def _statement_info(self, handle: dict[str, Any], who: Principal) -> tuple[Result, bytes]:
         sealed = self.handles.seal(handle)
         ticket = pack(pb.TicketStatementQuery(statement_handle=sealed))
         meta = json.dumps({"pins": handle["pins"]}).encode()
-        return Result(self.schema_of(handle), None, meta), ticket
+        return Result(self.schema_of(handle, who), None, meta), ticket
 
-    def _open(self, sealed: bytes, who: Principal) -> dict[str, Any]:
-        handle = self.handles.open(sealed)
+    def _open(
+        self, sealed: bytes, who: Principal, kind: str, keep_expiry: bool = False
+    ) -> dict[str, Any]:
+        """A handle of ``kind`` (``statement``: a planned statement's ticket; ``prepared``: a
+        prepared statement) issued to ``who``."""
+        handle = self.handles.open(sealed, keep_expiry=keep_expiry)
+        if handle.get("kind") != kind:
+            what = "a statement ticket's" if kind == "statement" else "a prepared statement's"
+            raise InvalidArgument(f"this is not {what} handle")
         if handle.get("who") != who.name:
             raise InvalidArgument("this statement handle was issued to another principal")
         return handle
 
     def do_get(self, message: Any, who: Principal) -> pa.RecordBatchReader:
         if isinstance(message, pb.TicketStatementQuery):
-            return self.execute(self._open(message.statement_handle, who), who)
+            return self.execute(self._open(message.statement_handle, who, "statement"), who)
         return self._metadata(message, who).to_reader()
 
     def get_schema(self, message: Any, who: Principal) -> pa.Schema:
@@ -326,6 +345,7 @@ class FlightSqlService:
     # ------------------------------------------------------------------ actions and DoPut
 
     def do_action(self, action_type: str, body: bytes, who: Principal) -> list[bytes]:
+        self.workers.warm()
         if action_type == "CreatePreparedStatement":
             request = unpack(body)
             if not isinstance(request, pb.ActionCreatePreparedStatementRequest):
@@ -335,7 +355,9 @@ class FlightSqlService:
             tree = query.parse(request.query)
             for ref in query.table_refs(tree):
                 who.require("read", ref.table)
-            sealed = self.handles.seal({"sql": request.query, "params": None, "who": who.name})
+            sealed = self.handles.seal(
+                {"kind": "prepared", "sql": request.query, "params": None, "who": who.name}
+            )
             result = pb.ActionCreatePreparedStatementResult(prepared_statement_handle=sealed)
             return [pack(result)]
         if action_type == "ClosePreparedStatement":
@@ -344,7 +366,7 @@ class FlightSqlService:
 
     def do_put(self, message: Any, reader: fl.MetadataRecordBatchReader, who: Principal) -> bytes:
         if isinstance(message, pb.CommandPreparedStatementQuery):
-            prepared = self._open(message.prepared_statement_handle, who)
+            prepared = self._open(message.prepared_statement_handle, who, "prepared", True)
             params = read_upload(reader, MAX_PARAMETER_BYTES)
             if params.num_rows > 1:
                 raise InvalidArgument("bind one row of parameters per execution")

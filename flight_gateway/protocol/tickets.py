@@ -43,6 +43,9 @@ class TicketPayload:
     #: The principal the ticket was issued to (checked on DoGet).
     principal: str | None = None
     expires_at: float = 0.0
+    #: The catalog's id of the table's incarnation: a ticket of a table since dropped (and
+    #: perhaps created again) is refused, never served from the new one.
+    table_id: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -60,6 +63,8 @@ class TicketPayload:
             d["dedupe_sources"] = list(self.dedupe_sources)
         if self.principal is not None:
             d["principal"] = self.principal
+        if self.table_id is not None:
+            d["table_id"] = self.table_id
         return d
 
     @classmethod
@@ -78,6 +83,7 @@ class TicketPayload:
                 dedupe_sources=tuple(dedupe) if dedupe is not None else None,
                 principal=d.get("principal"),
                 expires_at=float(d["exp"]),
+                table_id=int(d["table_id"]) if d.get("table_id") is not None else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidArgument(f"ticket payload is malformed: {e}") from e

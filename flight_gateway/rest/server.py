@@ -48,12 +48,14 @@ class RestCatalog:
         self.shadows, self.tokens, self.catalog = shadows, tokens, catalog
 
     def principal(self, header: str | None) -> Principal:
-        if not header:
+        scheme, _, token = (header or "").partition(" ")
+        token = token.strip()
+        # pyiceberg's RestCatalog without a token sends "Bearer None": that is no token.
+        if not header or (scheme.lower() == "bearer" and token in ("", "None")):
             if self.tokens.allow_anonymous:
                 return self.tokens.anonymous
             raise Unauthenticated("missing 'Authorization: Bearer <token>'")
-        scheme, _, token = header.partition(" ")
-        found = self.tokens.lookup(token.strip()) if scheme.lower() == "bearer" else None
+        found = self.tokens.lookup(token) if scheme.lower() == "bearer" else None
         if found is None:
             raise Unauthenticated("invalid bearer token")
         return found

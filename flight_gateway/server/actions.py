@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from flight_gateway.errors import HarnessError, InvalidArgument, LockExpired
 from flight_gateway.protocol.messages import parse_timestamp
-from flight_gateway.secrets import REF
+from flight_gateway.secrets import REF, passwords_hidden
 from flight_gateway.server import locks, metrics, writes
 from flight_gateway.server.auth import Principal
 from flight_gateway.server.context import Gateway
@@ -24,8 +24,6 @@ _SECRET_KEY = re.compile(
     r"(password|passwd|secret|token|credential|private|auth|signature|session|key(?!_column))",
     re.I,
 )
-_URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)([^@/\s]+)(@)")
-_DSN_PASSWORD = re.compile(r"(password\s*=\s*)(\S+)", re.I)
 
 
 def redact(value: Any, key: str = "") -> Any:
@@ -38,7 +36,7 @@ def redact(value: Any, key: str = "") -> Any:
     if isinstance(value, list):
         return [redact(v, key) for v in value]
     if isinstance(value, str):
-        return _DSN_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***\3", value))
+        return passwords_hidden(value)
     return value
 
 

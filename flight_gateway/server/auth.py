@@ -113,12 +113,17 @@ class TokenStore:
         anonymous: Mapping[str, Any] | None = None,
         certs: Mapping[str, Any] | None = None,
     ) -> TokenStore:
+        empty = [t for t in tokens if not str(t).strip()]
+        if empty:  # ``${NAME}`` of a variable set but empty would accept "Bearer " from anyone
+            raise ValueError("tokens: an empty token is not a credential (an unset variable?)")
         # With no credentials configured at all (local development) anonymous is open.
         anon = Principal.from_spec("anonymous", anonymous) if tokens or certs else OPEN
         principals, by_cert = named_principals(tokens, certs or {}, anon.name)
         return cls(principals, allow_anonymous, anon, by_cert)
 
     def lookup(self, token: str) -> Principal | None:
+        if not token:
+            return None
         found = None
         for known, principal in self.tokens.items():
             # Compare against every token, each in constant time.

@@ -234,7 +234,14 @@ class _Appender:
             assert isinstance(kind, Appendable)
             intent, record = self._intent(snap, name)
             ctx = AppendContext(
-                ref, self.commit_id, aliases, intent, record, self.table, guard(self.gw, ref.kind)
+                ref,
+                self.commit_id,
+                aliases,
+                intent,
+                record,
+                self.table,
+                guard(self.gw, ref.kind, self.table),
+                self.gw.tag_key(snap.table_id, name),
             )
             with tracing.span("write", source=name, kind=ref.kind, rows=part.num_rows):
                 if self.merge:

@@ -10,7 +10,14 @@ config::
     "reach": {"paths": ["/srv/lake", "s3://bucket/lake/"],
               "hosts": ["127.0.0.1:5432", "broker-1:9092"],
               "uris":  ["http://registry:8081/", "grpc://upstream:8815"],
-              "kinds": {"postgres": {"hosts": ["pg-shard-1:5432"]}}}
+              "kinds": {"postgres": {"hosts": ["pg-shard-1:5432"]}},
+              "tables": {"sales.*": {"paths": ["/srv/sales"]}}}
+
+``tables`` scopes locations to tables: an entry (a table name pattern, with ``*``) grants its
+locations to the sources of matching tables only, on top of the gateway-wide lists. ``reach``
+is otherwise gateway-wide: an admin of one table may point a source at any allowed location,
+another table's storage included. Locations a team's tables alone may use belong under their
+pattern, not in the gateway-wide lists (docs/security.md, "Reach per table").
 
 Allowed entries are normalised the same way as what they are compared with: local paths
 resolved (symlinks, ``..``), URIs decoded with default ports explicit, hosts canonical (numeric
@@ -20,6 +27,7 @@ allows any port. ``"any": true`` allows everything (local development).
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,13 +67,20 @@ class ReachPolicy:
     hosts: tuple[str, ...] = ()
     uris: tuple[str, ...] = ()
     kinds: Mapping[str, ReachPolicy] = field(default_factory=dict)
+    #: (table name pattern, the locations it grants those tables' sources besides these)
+    tables: tuple[tuple[str, ReachPolicy], ...] = ()
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> ReachPolicy:
-        unknown = sorted(set(d) - {"any", "paths", "hosts", "uris", "kinds"})
+    def from_json(cls, d: Mapping[str, Any], scoped: bool = False) -> ReachPolicy:
+        keys = {"paths", "hosts", "uris", "kinds"} | (set() if scoped else {"any", "tables"})
+        unknown = sorted(set(d) - keys)
         if unknown:
             raise ValueError(f"unknown keys {unknown}")
-        kinds = {k: cls.from_json(v) for k, v in dict(d.get("kinds", {})).items()}
+        kinds = {k: cls.from_json(v, True) for k, v in dict(d.get("kinds", {})).items()}
+        tables = tuple(
+            (str(pattern), cls.from_json(v, True))
+            for pattern, v in dict(d.get("tables", {})).items()
+        )
         try:
             return cls(
                 any=bool(d.get("any", False)),
@@ -73,13 +88,17 @@ class ReachPolicy:
                 hosts=tuple(_norm_host(str(h)) for h in d.get("hosts", ())),
                 uris=tuple(_norm_uri(str(u)) for u in d.get("uris", ())),
                 kinds=kinds,
+                tables=tables,
             )
         except InvalidArgument as e:
             raise ValueError(str(e)) from e
 
-    def allows(self, kind: str, reach: Reach) -> bool:
+    def allows(self, kind: str, reach: Reach, table: str = "") -> bool:
         if self.any:
             return True
+        for pattern, scoped in self.tables:
+            if table and fnmatch.fnmatchcase(table, pattern) and scoped.allows(kind, reach):
+                return True
         extra = self.kinds.get(kind)
         if extra is not None and extra.allows(kind, reach):
             return True
@@ -91,11 +110,11 @@ class ReachPolicy:
             return any(_prefix(reach.value, u) for u in self.uris)
         return False
 
-    def check(self, source: str, kind: str, reaches: Sequence[Reach]) -> None:
+    def check(self, source: str, kind: str, reaches: Sequence[Reach], table: str = "") -> None:
         """PERMISSION_DENIED naming the config key (never its value, which may be a secret) or
         the kind of file, never the file's content."""
         for r in reaches:
-            if not self.allows(kind, r):
+            if not self.allows(kind, r, table):
                 log.info("source %r: refused %s %s (%s)", source, r.what, r.value, r.key)
                 where = f"a {r.key}" if " " in r.key else f"config {r.key!r}"
                 prefix = f"source {source!r}: " if source else ""
@@ -122,10 +141,11 @@ class PolicyGuard:
 
     policy: ReachPolicy
     kind: str
+    table: str = ""
 
     @property
     def key(self) -> str:
-        return f"{id(self.policy)}:{self.kind}"
+        return f"{id(self.policy)}:{self.kind}:{self.table}"
 
     def check(self, source: str | None, reaches: Sequence[Reach]) -> None:
-        self.policy.check(source or "", self.kind, reaches)
+        self.policy.check(source or "", self.kind, reaches, self.table)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
 import json
 import logging
 from collections.abc import Iterator
@@ -73,8 +76,13 @@ class HarnessFlightServer(fl.FlightServerBase):
         trim_periodically()  # free memory scattered in thread arenas goes back to the system
         self.catalog = catalog
         self.config = config
+        key = config.ticket_key_bytes()
         self.gw = Gateway(
-            catalog, SecretResolver(config.secret_names), config.reach_policy, config.limit_values
+            catalog,
+            SecretResolver(config.secret_names),
+            config.reach_policy,
+            config.limit_values,
+            tag_secret=hmac.new(key, b"write-tags", hashlib.sha256).digest(),
         )
         limits = self.gw.limits
         consumers.POOL.configure(limits.max_kafka_consumers, limits.kafka_consumer_wait_s)
@@ -85,18 +93,21 @@ class HarnessFlightServer(fl.FlightServerBase):
                              what="uploads")  # fmt: skip
         # Empty locations mean "this same server" to Flight clients; replicas list each other.
         self.locations = [fl.Location(u) for u in config.locations]
-        key = config.ticket_key_bytes()
         self.reads = ReadService(
             self.gw,
             TicketSigner(key, config.ticket_ttl_s),
             direct=DirectSigner(key, config.ticket_ttl_s),
         )
-        self.sql = flightsql.FlightSqlService(self.reads, key, config.ticket_ttl_s, limits.sql())
         # Gateway-wide bound on running statements (each also holds one of its caller's stream
-        # slots): every statement may use limits.sql_memory_limit_mb and sql_threads.
+        # slots): every statement may use limits.sql_memory_limit_mb and sql_threads, in a
+        # worker process of its own.
         self.statements = Slots(limits.max_concurrent_statements, "max_concurrent_statements",
                                 limits.max_concurrent_statements, "max_concurrent_statements",
                                 what="SQL statements")  # fmt: skip
+        self.sql = flightsql.FlightSqlService(
+            self.reads, key, config.ticket_ttl_s, limits.sql(), self.statement_slots,
+            workers=limits.max_concurrent_statements,
+        )  # fmt: skip
         self.rest = self._iceberg_rest(config)
         metrics.watch_catalog(catalog)
         self._metrics_http = (
@@ -138,7 +149,7 @@ class HarnessFlightServer(fl.FlightServerBase):
         if self.rest is not None:
             self.rest.shutdown()
         super().shutdown()
-        self.sql.pool.close()
+        self.sql.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
@@ -214,6 +225,13 @@ class HarnessFlightServer(fl.FlightServerBase):
         return fl.RecordBatchStream(
             stream_errors(reader, on_close=lambda: self.slots.release(principal.name))
         )
+
+    @contextlib.contextmanager
+    def statement_slots(self, name: str) -> Iterator[None]:
+        """A stream slot of ``name`` and a gateway-wide statement slot, for typing a statement
+        (running one holds them until its stream ends: ``_sql_stream``)."""
+        with self.slots.hold(name), self.statements.hold(name):
+            yield
 
     def _sql_stream(self, message: Any, principal: Principal) -> fl.FlightDataStream:
         """A Flight SQL result; a statement holds a stream slot and a statement slot."""

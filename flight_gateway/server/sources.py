@@ -32,7 +32,7 @@ def _ref(
     resolved = gw.secrets.resolve(config, where=f"source {name!r} config", table=table)
     ref = SourceRef(name, kind_name, resolved, partition, state)
     kind.parse_config(ref)
-    gw.reach.check(name, kind_name, kind.reaches(ref))
+    gw.reach.check(name, kind_name, kind.reaches(ref), table)
     return ref
 
 
@@ -75,15 +75,16 @@ def check_commit(
             kind.check(_ref(gw, table, kind, s.name, s.kind, s.config, s.partition, up.state))
 
 
-def guard(gw: Gateway, kind: str) -> PolicyGuard:
-    """The guard of scan requests on sources of ``kind``: the gateway's policy for it."""
-    g = PolicyGuard(gw.reach, kind)
+def guard(gw: Gateway, kind: str, table: str) -> PolicyGuard:
+    """The guard of scan requests on sources of ``kind`` of ``table``: the gateway's policy."""
+    g = PolicyGuard(gw.reach, kind, table)
     locations.register_guard(g)
     return g
 
 
 def scan_request(
     gw: Gateway,
+    table: str,
     ref: SourceRef,
     specs: tuple[ColumnSpec, ...],
     predicate: Expr | None,
@@ -91,4 +92,5 @@ def scan_request(
     max_tasks: int = DEFAULT_MAX_TASKS,
 ) -> ScanRequest:
     """A scan request whose files are checked against the gateway's allow-lists."""
-    return ScanRequest(ref, specs, predicate, limit, max_tasks=max_tasks, guard=guard(gw, ref.kind))
+    g = guard(gw, ref.kind, table)
+    return ScanRequest(ref, specs, predicate, limit, max_tasks=max_tasks, guard=g)

@@ -57,7 +57,7 @@ def _target(snap: TableSnapshot, source: Any) -> str:
 
 def _write_id(body: Mapping[str, Any]) -> str:
     write_id = body.get("write_id")
-    if not isinstance(write_id, str) or not _WRITE_ID.match(write_id):
+    if not isinstance(write_id, str) or not _WRITE_ID.fullmatch(write_id):
         raise InvalidArgument("'write_id' must be the id begin_write returned")
     return write_id
 

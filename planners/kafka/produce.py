@@ -1,8 +1,12 @@
 """DoPut into a Kafka partition: JSON messages tagged with the commit id, exactly once per
 commit id.
 
-Every message carries ``harness.commit-id`` and ``harness.row`` headers. A produce cannot be
-found again by commit id without a scan, so before producing the kind records where this commit
+Every message carries ``harness.commit-id``, ``harness.row`` and ``harness.tag`` headers: the
+tag is an HMAC of the commit id and row under the gateway's key for this table and source
+(``AppendContext.tag_key``), so a producer of the topic that knows a commit id cannot pass its
+own messages off as that commit's (adding rows to its retry, or making the retry fail); a
+message whose tag does not verify is the topic's own. A produce cannot be found again by commit
+id without a scan, so before producing the kind records where this commit
 starts (``AppendContext.record_intent``, committed to ``external_state`` by the gateway); a retry
 of the same commit gets that start back, scans from there and produces only the missing rows.
 
@@ -13,6 +17,8 @@ go into the state's ``skip`` ranges, so nothing uncommitted ever becomes visible
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import threading
@@ -30,6 +36,23 @@ from planners.kind import AppendContext
 _ENCODER = json.JSONEncoder(default=str)
 COMMIT_HEADER = "harness.commit-id"
 ROW_HEADER = "harness.row"
+TAG_HEADER = "harness.tag"
+
+
+def tag(key: bytes, commit_id: bytes, row: bytes) -> bytes:
+    return hmac.new(key, commit_id + b"\0" + row, hashlib.sha256).hexdigest()[:32].encode()
+
+
+def _signed(key: bytes, headers: Any) -> tuple[bytes, int] | None:
+    """(commit id, row) of a message a DoPut of this source wrote, or None (the topic's own
+    messages, and any whose tag does not verify)."""
+    h = dict(headers or [])
+    commit_id, row, mark = h.get(COMMIT_HEADER), h.get(ROW_HEADER), h.get(TAG_HEADER)
+    if not (isinstance(commit_id, bytes) and isinstance(row, bytes) and isinstance(mark, bytes)):
+        return None
+    if not hmac.compare_digest(mark, tag(key, commit_id, row)) or not row.isdigit():
+        return None
+    return commit_id, int(row)
 
 
 def produce(producer: Any, topic: str, **kwargs: Any) -> None:
@@ -78,31 +101,35 @@ def _discard(bootstrap_servers: str, producer: Any) -> None:
             del _PRODUCERS[bootstrap_servers]
 
 
-def _already_produced(config: KafkaConfig, start: int, commit_id: str) -> dict[int, int]:
+def _already_produced(
+    config: KafkaConfig, start: int, commit_id: str, key: bytes
+) -> dict[int, int]:
     """Row -> offset of the rows of ``commit_id`` an earlier try produced from ``start`` (the
     first copy of each: a later copy is skipped like any message no commit owns)."""
     present: dict[int, int] = {}
-    tag = commit_id.encode()
+    wanted = commit_id.encode()
     for chunk in scan_tail(config, start):
         for m in chunk:
-            headers = dict(m.headers() or [])
-            if headers.get(COMMIT_HEADER) == tag:
-                present.setdefault(int(headers[ROW_HEADER]), m.offset())
+            signed = _signed(key, m.headers())
+            if signed is not None and signed[0] == wanted:
+                present.setdefault(signed[1], m.offset())
     return present
 
 
-def _unowned(config: KafkaConfig, gaps: list[Range]) -> list[Range]:
-    """Offsets in ``gaps`` holding messages of another DoPut (a ``harness.commit-id`` header):
-    nobody committed them, since every commit's messages lie below the ``high`` it published.
-    Messages without the header come from the topic's own producers and stay visible."""
+def _unowned(config: KafkaConfig, gaps: list[Range], key: bytes) -> list[Range]:
+    """Offsets in ``gaps`` holding messages of another DoPut (signed headers): nobody committed
+    them, since every commit's messages lie below the ``high`` it published. Other messages
+    come from the topic's own producers and stay visible."""
     tagged = []
     for a, b in gaps:
         for chunk in consume_range(config, a, b):
-            tagged += [m.offset() for m in chunk if COMMIT_HEADER in dict(m.headers() or [])]
+            tagged += [m.offset() for m in chunk if _signed(key, m.headers()) is not None]
     return runs(tagged)
 
 
-def _new_state(config: KafkaConfig, state: dict[str, Any], owned: list[Range]) -> dict[str, Any]:
+def _new_state(
+    config: KafkaConfig, state: dict[str, Any], owned: list[Range], key: bytes
+) -> dict[str, Any]:
     """``high`` just past this commit's last message; DoPut messages in between that this
     commit does not own (an abandoned try, a fenced writer's late deliveries) are skipped."""
     low, old_high = bounds("kafka", state)
@@ -111,7 +138,7 @@ def _new_state(config: KafkaConfig, state: dict[str, Any], owned: list[Range]) -
         return dict(state)
     high = owned[-1][1]
     gaps = visible(old_high, high, owned)
-    return with_range(state, low, high, _unowned(config, gaps) if gaps else [])
+    return with_range(state, low, high, _unowned(config, gaps, key) if gaps else [])
 
 
 def append(config: KafkaConfig, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]:
@@ -120,7 +147,7 @@ def append(config: KafkaConfig, ctx: AppendContext, rows: pa.Table) -> dict[str,
     start = int(ctx.intent["start"]) if ctx.intent else int(state.get("high", 0))
     if not retry:
         ctx.record_intent({"start": start})
-    present = _already_produced(config, start, ctx.commit_id) if retry else {}
+    present = _already_produced(config, start, ctx.commit_id, ctx.tag_key) if retry else {}
     offsets = list(present.values())  # the messages this commit owns
     errors: list[str] = []
 
@@ -131,14 +158,20 @@ def append(config: KafkaConfig, ctx: AppendContext, rows: pa.Table) -> dict[str,
             offsets.append(msg.offset())
 
     producer = _producer(config.bootstrap_servers)
-    commit: tuple[str, str | bytes | None] = (COMMIT_HEADER, ctx.commit_id.encode())
+    commit_id = ctx.commit_id.encode()
+    commit: tuple[str, str | bytes | None] = (COMMIT_HEADER, commit_id)
     encode = _ENCODER.encode
     topic, partition = config.topic, config.partition
     for i, row in enumerate(rows.to_pylist()):
         if i in present:
             continue
         value = encode(row).encode()
-        headers: list[tuple[str, str | bytes | None]] = [commit, (ROW_HEADER, str(i).encode())]
+        row_id = str(i).encode()
+        headers: list[tuple[str, str | bytes | None]] = [
+            commit,
+            (ROW_HEADER, row_id),
+            (TAG_HEADER, tag(ctx.tag_key, commit_id, row_id)),
+        ]
         try:  # the common case without the helper's call; a full queue waits in ``produce``
             producer.produce(
                 topic, value=value, partition=partition, headers=headers, on_delivery=delivered
@@ -160,4 +193,4 @@ def append(config: KafkaConfig, ctx: AppendContext, rows: pa.Table) -> dict[str,
             f"source {ctx.source.name!r}: produce to {config.topic}/{config.partition} failed: "
             f"{errors[:3]}"
         )
-    return _new_state(config, dict(state), runs(offsets))
+    return _new_state(config, dict(state), runs(offsets), ctx.tag_key)

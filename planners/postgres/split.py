@@ -111,13 +111,13 @@ def _split(
         return None
     column, type_, size = row
     n = min(max_tasks, math.ceil(size * _kept(conn, schema, table, where) / TARGET_BYTES))
-    if n <= 1 or not _TYPE.match(type_):
+    if n <= 1 or not _TYPE.fullmatch(type_):
         return None
     bounds = _bounds(conn, schema, table, column, type_, n)
     return (column, type_, bounds) if bounds else None
 
 
 def check_type(type_: str) -> str:
-    if not _TYPE.match(type_):
+    if not _TYPE.fullmatch(type_):
         raise ValueError(f"not a key type: {type_!r}")
     return type_

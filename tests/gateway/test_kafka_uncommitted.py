@@ -14,6 +14,7 @@ import pytest
 
 from clients import HarnessClient
 from flight_gateway.errors import InvalidArgument
+from planners.kafka.produce import tag
 from planners.kafka.ranges import skips, visible, with_range
 from tests.gateway.helpers import IcebergFixture
 from tests.gateway.kafka_helpers import new_topic, produce
@@ -63,17 +64,32 @@ def fail_commit_once(catalog: Any, commit_id: str) -> Callable[..., Any]:
     return real
 
 
-def harness_messages(bootstrap: str, topic: str, first: int, n: int, commit_id: str) -> None:
+def doput_key(gateway: Any) -> bytes:
+    """The key the gateway signs DoPut headers of source ``k`` of table ``t`` with."""
+    server, catalog = gateway
+    return bytes(server.gw.tag_key(catalog.describe("t").table_id, "k"))
+
+
+def doput_headers(key: bytes, commit_id: bytes, row: int) -> list[tuple[str, bytes]]:
+    """The headers a DoPut of ``commit_id`` writes for ``row`` (a dead gateway's, say)."""
+    n = b"%d" % row
+    return [("harness.commit-id", commit_id), ("harness.row", n), ("harness.tag", tag(key, commit_id, n))]
+
+
+def harness_messages(
+    gateway: Any, bootstrap: str, topic: str, first: int, n: int, commit_id: str
+) -> None:
     """Messages as a DoPut of ``commit_id`` writes them (a dead gateway's, say)."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap})
+    key = doput_key(gateway)
     for i in range(n):
         p.produce(
             topic,
             value=b'{"id": %d, "v": "dead"}' % (first + i),
             partition=0,
-            headers=[("harness.commit-id", commit_id.encode()), ("harness.row", b"%d" % i)],
+            headers=doput_headers(key, commit_id.encode(), i),
         )
     assert p.flush(10) == 0
 
@@ -110,24 +126,25 @@ def test_a_late_retry_after_another_append_applies_once(
 
 
 def test_dead_writers_messages_are_skipped_and_the_topics_own_are_not(
-    client: HarnessClient, topic: str, kafka_bootstrap: str
+    gateway: tuple[Any, Any], client: HarnessClient, topic: str, kafka_bootstrap: str
 ) -> None:
     client.put("t", rows(0, 2), commit_id="a")
-    harness_messages(kafka_bootstrap, topic, 50, 3, "dead")
+    harness_messages(gateway, kafka_bootstrap, topic, 50, 3, "dead")
     produce(kafka_bootstrap, topic, [b'{"id": 60, "v": "own producer"}'])
-    harness_messages(kafka_bootstrap, topic, 70, 2, "dead-too")
+    harness_messages(gateway, kafka_bootstrap, topic, 70, 2, "dead-too")
     client.put("t", rows(2, 4), commit_id="b")
     assert ids(client) == [0, 1, 2, 3, 60]
     assert client.describe("t").source("k").state["skip"] == [[2, 5], [6, 8]]
 
 
 def test_a_fenced_writers_interleaved_deliveries_never_surface(
-    client: HarnessClient, topic: str, kafka_bootstrap: str
+    gateway: tuple[Any, Any], client: HarnessClient, topic: str, kafka_bootstrap: str
 ) -> None:
     """A writer that lost its lease keeps delivering while the next append produces."""
     from confluent_kafka import Producer
 
     stop = threading.Event()
+    key = doput_key(gateway)
 
     def zombie() -> None:
         p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
@@ -137,7 +154,7 @@ def test_a_fenced_writers_interleaved_deliveries_never_surface(
                 topic,
                 value=b'{"id": %d, "v": "zombie"}' % (10**6 + i),
                 partition=0,
-                headers=[("harness.commit-id", b"dead"), ("harness.row", b"%d" % i)],
+                headers=doput_headers(key, b"dead", i),
             )
             p.poll(0)
             i += 1
@@ -187,3 +204,28 @@ def test_skip_ranges_are_checked_and_kept() -> None:
     for bad in ([[4, 2]], [[2, 5], [4, 6]], [[8, 11]], [[1, True]], "0-2"):
         with pytest.raises(InvalidArgument, match="skip"):
             skips("k", {"low": 0, "high": 10, "skip": bad})
+
+
+def test_a_producer_cannot_pass_its_messages_off_as_a_commits(
+    gateway: tuple[Any, Any], client: HarnessClient, topic: str, kafka_bootstrap: str
+) -> None:
+    """Security III, finding 9. A producer of the topic that knows a commit id (describe and
+    the headers show it) writes messages with that commit's headers where its retry looks:
+    they are the topic's own messages, neither rows of the commit nor in the way of its
+    retry (unsigned, rows 0 and 1 were taken for the commit's, and a row that is no number
+    made every retry fail)."""
+    from confluent_kafka import Producer
+
+    _, catalog = gateway
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i, row in enumerate([b"0", b"1", b"not-a-row"]):
+        forged = [("harness.commit-id", b"x"), ("harness.row", row), ("harness.tag", b"0" * 32)]
+        p.produce(topic, value=b'{"id": %d, "v": "forged"}' % (900 + i), partition=0,
+                  headers=forged)  # fmt: skip
+    assert p.flush(10) == 0
+    real = fail_commit_once(catalog, "x")
+    with pytest.raises(Exception, match="simulated crash"):
+        client.put("t", rows(100, 105), commit_id="x")
+    catalog.commit = real
+    client.put("t", rows(100, 105), commit_id="x")  # the retry finds its own rows only
+    assert ids(client) == [*range(100, 105), 900, 901, 902]

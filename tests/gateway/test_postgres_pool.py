@@ -18,6 +18,10 @@ from tests.gateway.helpers import versioned_table
 pytestmark = pytest.mark.integration
 
 ROWS = 50_000
+#: Each row's padding: 50 MB in all, more than gRPC buffers, so a stream closed after its first
+#: batch is still in the middle of its COPY (with 100 bytes a row, a loaded machine's server
+#: could finish the whole stream into gRPC's buffers first, and rightly pool the connection).
+PAD = 1000
 
 
 @pytest.fixture
@@ -27,7 +31,7 @@ def table(client: HarnessClient, pg_dsn: str) -> str:
         pg_dsn,
         "pool",
         "id bigint primary key, pad text",
-        f"SELECT i, repeat('p', 100) FROM generate_series(1, {ROWS}) i",
+        f"SELECT i, repeat('p', {PAD}) FROM generate_series(1, {ROWS}) i",
     )
     client.create_table("t", [{"name": "id", "type": "int64"}, {"name": "pad", "type": "string"}])
     client.add_source(

@@ -56,6 +56,7 @@ def plan(
         payload = TicketPayload(
             table=snap.table,
             version=snap.version,
+            table_id=snap.table_id,
             columns=tuple(shape.projection),
             filter=req.filter,
             limit=req.limit,
@@ -88,7 +89,7 @@ def open(svc: ReadService, snap: TableSnapshot, payload: TicketPayload) -> pa.Re
     parts, rows = [], 0
     for name in payload.dedupe_sources or ():
         kind, ref = bind(svc.gw, snap, name)
-        request = scan_request(svc.gw, ref, specs, pushable, None)
+        request = scan_request(svc.gw, snap.table, ref, specs, pushable, None)
         # Tasks come in source order (file list, offsets): rank the source as one stream.
         pieces = []
         for t in kind.plan(request):

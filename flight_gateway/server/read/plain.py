@@ -47,7 +47,7 @@ def plan_sources(
             continue
         kind, ref = bind(gw, snap, s.name)
         left = gw.limits.max_tasks - planned
-        request = scan_request(gw, ref, shape.specs, shape.predicate, req.limit, left)
+        request = scan_request(gw, snap.table, ref, shape.specs, shape.predicate, req.limit, left)
         with tracing.span("plan.source", source=s.name, kind=s.kind) as sp:
             tasks = kind.plan(request)
             if sp is not None:
@@ -72,6 +72,7 @@ def plan(
             payload = TicketPayload(
                 table=snap.table,
                 version=snap.version,
+                table_id=snap.table_id,
                 columns=tuple(shape.projection),
                 filter=req.filter,
                 limit=req.limit,

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from collections import OrderedDict
 
 import pyarrow as pa
 
 from flight_gateway import tracing
 from flight_gateway.catalog import TableSnapshot
-from flight_gateway.errors import HarnessError, Unauthorized
+from flight_gateway.errors import HarnessError, NotFound, Unauthorized
 from flight_gateway.protocol import ReadRequest, TicketPayload, TicketSigner
 from flight_gateway.protocol.direct import DirectSigner
 from flight_gateway.server import metrics
@@ -34,33 +33,52 @@ class ReadService:
         self,
         gw: Gateway,
         signer: TicketSigner,
-        snapshot_ttl_s: float = 30.0,
         direct: DirectSigner | None = None,
     ) -> None:
         self.gw = gw
         self.catalog = gw.catalog
         self.signer = signer
         self.direct = direct or DirectSigner(secrets.token_bytes(32), signer.ttl_s)
-        self._ttl = snapshot_ttl_s
-        self._cache: OrderedDict[tuple[str, int], tuple[float, TableSnapshot]] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int], TableSnapshot] = OrderedDict()
         self._lock = threading.Lock()
 
-    # A pinned version never changes, so DoGet calls for it can share one catalog lookup.
+    # A pinned version never changes, so the calls that read it share one description of it;
+    # keyed by the table's id (its incarnation), never its name. Each call still asks the
+    # catalog for the table's head (one primary-key lookup): which incarnation the name is now
+    # and which versions it keeps, so a dropped, re-created or expired version is never served.
     def snapshot(
-        self, table: str, version: int | None = None, as_of: float | None = None
+        self,
+        table: str,
+        version: int | None = None,
+        as_of: float | None = None,
+        table_id: int | None = None,
     ) -> TableSnapshot:
+        """``table`` at ``version`` (None: the latest, or the one current at ``as_of``);
+        ``table_id``: the incarnation a ticket or handle was issued for (NOT_FOUND when the
+        name now holds another, or none)."""
+        head = self.catalog.head(table)
+        if table_id is not None and head.table_id != table_id:
+            raise NotFound(
+                f"table {table!r} was dropped (and perhaps created again) since this was issued"
+            )
         if version is None and as_of is None:
-            # The current version is one primary-key lookup; its snapshot is then cached like
-            # any pinned version, so describe runs once per new version, not once per read.
-            version = self.catalog.current_version(table)
+            version = head.current_version
         if version is not None:
+            if version < head.min_version:
+                raise NotFound(
+                    f"version {version} of table {table!r} has expired "
+                    f"(oldest kept is {head.min_version})"
+                )
             with self._lock:
-                hit = self._cache.get((table, version))
-                if hit is not None and time.monotonic() - hit[0] < self._ttl:
-                    return hit[1]
+                hit = self._cache.get((head.table_id, version))
+                if hit is not None:
+                    self._cache.move_to_end((head.table_id, version))
+                    return hit
         snap = self.catalog.describe(table, version=version, as_of=as_of)
+        if snap.table_id != head.table_id:  # dropped and created again in between
+            raise NotFound(f"table {table!r} was dropped while it was being read")
         with self._lock:
-            self._cache[(table, snap.version)] = (time.monotonic(), snap)
+            self._cache[(snap.table_id, snap.version)] = snap
             while len(self._cache) > 128:  # each snapshot holds every source state
                 self._cache.popitem(last=False)
         return snap
@@ -100,12 +118,14 @@ class ReadService:
 
     def open(self, payload: TicketPayload) -> pa.RecordBatchReader:
         """The stream of one verified ticket."""
-        snap = self.snapshot(payload.table, payload.version)
+        snap = self.snapshot(payload.table, payload.version, table_id=payload.table_id)
         if payload.dedupe_sources is not None:
             return metrics.counted(dedupe.open(self, snap, payload), payload.table, "dedupe")
         shape = resolve(snap, payload.columns, payload.filter)
         kind, ref = bind(self.gw, snap, str(payload.source))
-        request = scan_request(self.gw, ref, shape.specs, shape.predicate, payload.limit)
+        request = scan_request(
+            self.gw, snap.table, ref, shape.specs, shape.predicate, payload.limit
+        )
         task = ScanTask(ref.name, payload.task, payload.exact)
         reader = execute(kind, request, task, shape.projection)
         reader = tracing.traced_stream("scan", reader, source=ref.name, kind=ref.kind)

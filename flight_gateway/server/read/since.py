@@ -39,7 +39,7 @@ class _Delta:
         kind, ref = bind(self.svc.gw, snap, name)
         limit = self.svc.gw.limits.max_tasks
         return kind, scan_request(
-            self.svc.gw, ref, self.shape.specs, self.shape.predicate, None, limit
+            self.svc.gw, snap.table, ref, self.shape.specs, self.shape.predicate, None, limit
         )
 
     def _plan(self, snap: TableSnapshot, name: str) -> list[ScanTask]:
@@ -59,7 +59,11 @@ class _Delta:
         s = self.end.source(name)
         existed = any(x.name == name for x in start.sources)
         first = self.since if existed else s.added_version
-        base = start if existed else self.svc.snapshot(self.end.table, first)
+        base = (
+            start
+            if existed
+            else self.svc.snapshot(self.end.table, first, table_id=self.end.table_id)
+        )
         kind: SourceKind = self._request(base, name)[0]
         changes = self._changes(name, first)
         if not isinstance(kind, Streams):
@@ -77,7 +81,7 @@ class _Delta:
             _, request = self._request(self.end, name)
             return out + [(self.end.version, name, t) for t in kind.plan_added(request, before)]
         for v in changes:
-            snap = self.svc.snapshot(self.end.table, v)
+            snap = self.svc.snapshot(self.end.table, v, table_id=self.end.table_id)
             if not is_relocation(self.summaries[v]):
                 _, request = self._request(snap, name)
                 out += [(v, name, t) for t in kind.plan_added(request, before)]
@@ -100,7 +104,10 @@ def plan(
         end.source(name)
     planned: Planned = []
     if since < end.version:
-        delta, start = _Delta(svc, end, since, shape), svc.snapshot(end.table, since)
+        delta, start = (
+            _Delta(svc, end, since, shape),
+            svc.snapshot(end.table, since, table_id=end.table_id),
+        )
         for s in end.sources:
             if req.sources is None or s.name in req.sources:
                 planned += delta.source(s.name, start)
@@ -114,6 +121,7 @@ def plan(
         payload = TicketPayload(
             table=end.table,
             version=version,
+            table_id=end.table_id,
             columns=tuple(shape.projection),
             filter=req.filter,
             source=name,
