@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 QUICK ?=
 
-.PHONY: setup test demo lint bench clean
+.PHONY: setup test demo lint bench engines clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check flight_gateway planners clients pipelines spark_datasource
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports  # the layer contracts of pyproject.toml (docs/architecture.md)
+
+# JVM engines the tests use (Trino, the Flight SQL JDBC driver), from Maven Central into
+# ~/.cache/dataharness (HARNESS_ENGINES_DIR), checksums verified; `make test` fetches them too.
+engines: setup
+	$(PY) -m flight_gateway.local.engines
 
 bench: setup
 	$(PY) -m benchmarks $(if $(QUICK),--quick,)

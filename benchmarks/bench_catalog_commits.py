@@ -108,7 +108,7 @@ def _client_process(uri: str, ids: list[int], n: int, start_at: float, out: Conn
 
 
 def _gateway_process(url: str, ready: Connection) -> None:
-    from flight_gateway.server import GatewayConfig, HarnessFlightServer
+    from flight_gateway.app import GatewayConfig, HarnessFlightServer
 
     catalog = Catalog(url)
     server = HarnessFlightServer(

@@ -34,7 +34,7 @@ from benchmarks.compaction import compact
 from benchmarks.processes import GatewayProcess
 from benchmarks.services import postgres_database
 from clients import HarnessClient
-from flight_gateway.local_kafka import free_port
+from flight_gateway.local.kafka import free_port
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +144,9 @@ def _maintained(
     import threading
 
     from flight_gateway.catalog import Catalog
-    from flight_gateway.errors import LockUnavailable
-    from flight_gateway.maintenance import run_once
-    from pipelines.movers import KafkaToIcebergMover
+    from flight_gateway.core.maintenance import run_once
+    from flight_gateway.protocol.errors import LockUnavailable
+    from pipelines.mover import Mover
 
     catalog, stop, counts = Catalog(url), threading.Event(), Counter[str]()
 
@@ -163,7 +163,7 @@ def _maintained(
                 counts["compactions put off"] += 1
 
     def move(client: HarnessClient) -> None:
-        mover = KafkaToIcebergMover(client, "t", "kafka", "iceberg", owner="load-mover")
+        mover = Mover(client, "t", "kafka", "iceberg")
         try:
             counts["moves"] += mover.run_once().version is not None
         except LockUnavailable:  # compaction or writers held Iceberg past the wait: next time
@@ -361,7 +361,7 @@ def _rss_rows(samples: list[dict[str, float]], load: Load) -> Iterator[dict[str,
 
 
 def run(quick: bool = False) -> Iterator[dict[str, Any]]:
-    from flight_gateway.local_kafka import local_broker
+    from flight_gateway.local.kafka import local_broker
 
     with (
         postgres_database() as dsn,

@@ -22,8 +22,8 @@ import pyarrow.flight as fl
 import pyarrow.parquet as pq
 
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
 
 
 def _data(rows: int, seed: int = 0) -> pa.Table:

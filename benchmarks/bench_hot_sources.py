@@ -29,9 +29,9 @@ import pyarrow.json as pajson
 
 from benchmarks.services import postgres_database
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.local_kafka import local_broker
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
+from flight_gateway.local.kafka import local_broker
 from pipelines.ingest import KafkaIngester
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])

@@ -19,8 +19,8 @@ import pyarrow as pa
 
 from benchmarks.bench_gateway_read import _best, _data
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
 
 PARTS = 8
 

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.float64())])
 

@@ -5,10 +5,10 @@ table of two sources: ``k0`` (a Kafka partition) and ``ice`` (an Iceberg table).
 
 - a producer appends small batches to ``k0`` with DoPut (two catalog versions each: the intent
   and the commit);
-- a ``KafkaToIcebergMover`` moves ``k0``'s rows to ``ice`` every ``MOVE_S`` (one Iceberg
+- a ``Mover`` moves ``k0``'s rows to ``ice`` every ``MOVE_S`` (one Iceberg
   snapshot, one data file and one manifest each, one catalog version);
 - readers plan (GetFlightInfo) and fetch (DoGet) the whole table in a loop;
-- maintenance (``flight_gateway.maintenance.run_once``) runs every ``MAINT_S`` with the table's
+- maintenance (``flight_gateway.core.maintenance.run_once``) runs every ``MAINT_S`` with the table's
   ``retention.keep_last`` property set, and a compaction rewrites ``ice`` as one file every
   ``COMPACT_S`` through the engine-write actions (``begin_write``/``commit_write`` with
   ``overwrite`` and ``relocation``: what ``pipelines.spark_jobs.compact`` does, with pyarrow).
@@ -41,9 +41,9 @@ import pyarrow as pa
 from benchmarks.compaction import compact
 from benchmarks.services import postgres_database
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.local_kafka import local_broker
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
+from flight_gateway.local.kafka import local_broker
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
 TABLE = "soak"
@@ -122,9 +122,9 @@ class _Soak:
         self._loop("put", step)
 
     def mover(self) -> None:
-        from pipelines.movers import KafkaToIcebergMover
+        from pipelines.mover import Mover
 
-        mover = KafkaToIcebergMover(HarnessClient(self.uri), TABLE, "k0", "ice", owner="soak")
+        mover = Mover(HarnessClient(self.uri), TABLE, "k0", "ice")
 
         def step() -> None:
             self.counts["moves"] += mover.run_once().version is not None
@@ -145,7 +145,7 @@ class _Soak:
         self._loop("read", step)
 
     def maintenance(self, compact_s: float) -> None:
-        from flight_gateway.maintenance import run_once
+        from flight_gateway.core.maintenance import run_once
 
         client = HarnessClient(self.uri)
         last_compaction = [time.perf_counter()]

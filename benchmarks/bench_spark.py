@@ -21,15 +21,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.local_kafka import local_broker
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
+from flight_gateway.local.kafka import local_broker
 
 
 def run(quick: bool = False) -> list[dict]:
     from pyspark.sql import SparkSession
 
-    from pipelines.spark_jobs import SparkKafkaToIcebergFlush
+    from pipelines.spark_jobs import move
     from spark_datasource import register
 
     rows_n = 2_000_000 if quick else 20_000_000
@@ -196,9 +196,7 @@ def run(quick: bool = False) -> list[dict]:
                 ],
             )
             t0 = time.perf_counter()
-            result = SparkKafkaToIcebergFlush(
-                spark, uri, client, "k", "k0", "cold", owner="bench"
-            ).run_once()
+            result = move(spark, uri, client, "k", "k0", "cold")
             elapsed = time.perf_counter() - t0
             assert result.rows == m
             out.append(

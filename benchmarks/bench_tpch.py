@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 
 from benchmarks.services import postgres_database
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
 
 Q1_COLUMNS = [
     "l_returnflag",

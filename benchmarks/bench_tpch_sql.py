@@ -25,8 +25,8 @@ import duckdb
 from benchmarks import tpch_tables as tpch
 from benchmarks.services import postgres_database
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
 
 MEMORY_LIMIT_MB = 1024
 

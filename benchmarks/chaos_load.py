@@ -133,7 +133,7 @@ class Load:
         """One DoPut, sent again with its commit id when its sources stayed locked past the
         gateway's wait (LockUnavailable: nothing was written), as a writer should; False when
         the run ended meanwhile (a writer shutting down: its rows were never acknowledged)."""
-        from flight_gateway.errors import LockUnavailable
+        from flight_gateway.protocol.errors import LockUnavailable
 
         commit_id = uuid.uuid4().hex
         while True:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clients import HarnessClient
-from flight_gateway.local_kafka import free_port
+from flight_gateway.local.kafka import free_port
 
 ROOT = Path(__file__).resolve().parents[1]  # the project root
 TICKET_KEY = "chaos-ticket-key-0123456789abcdef"
@@ -22,8 +22,11 @@ class GatewayProcess:
     """``harness-gateway serve`` in a child process; ``kill`` is SIGKILL, ``start`` reuses the
     port so clients keep their address across restarts."""
 
-    def __init__(self, catalog_url: str, workdir: Path, **config: Any) -> None:
+    def __init__(
+        self, catalog_url: str, workdir: Path, env: dict[str, str] | None = None, **config: Any
+    ) -> None:
         self.catalog_url = catalog_url
+        self.env = dict(env or {})  # for its process (fault injection in the kill tests)
         self.port = free_port()
         self.config = workdir / f"gateway-{self.port}.json"
         self.config.write_text(json.dumps({"ticket_key": TICKET_KEY, **config}))
@@ -52,7 +55,7 @@ class GatewayProcess:
                     "--config",
                     str(self.config),
                 ],
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
                 stdout=log,
                 stderr=log,
             )
@@ -107,7 +110,7 @@ class GatewayProcess:
             "harness_arrow_allocated_bytes": "arrow MB",
             "harness_malloc_arenas": "malloc arenas",
             "harness_threads": "threads",
-            "harness_kafka_consumers_open": "kafka consumers",
+            'harness_kind_resources{kind="kafka",resource="consumers_open"}': "kafka consumers",
         }
         out = {}
         for line in text.splitlines():

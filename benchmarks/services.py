@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from flight_gateway import local_postgres
+from flight_gateway.local import postgres as local_postgres
 
 PG_ADMIN_DSN = local_postgres.admin_dsn()
 
@@ -19,7 +19,7 @@ def _required() -> bool:
 @contextmanager
 def postgres_server() -> Iterator[None]:
     """The run's PostgreSQL server: the one at ``HARNESS_PG_DSN`` (default loopback), or one
-    started for the run (flight_gateway/local_postgres.py). Without one, the benchmarks that
+    started for the run (flight_gateway/local/postgres.py). Without one, the benchmarks that
     need it report "skipped", unless ``HARNESS_REQUIRE_SERVICES`` makes that a failure."""
     try:
         server = local_postgres.session_server(PG_ADMIN_DSN)

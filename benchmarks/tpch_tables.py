@@ -73,6 +73,32 @@ def queries(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]:
     return [(int(n), str(q)) for n, q in con.execute("SELECT * FROM tpch_queries()").fetchall()]
 
 
+def trino_queries(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]:
+    """DuckDB's TPC-H text as Trino takes it: qualified by sqlglot against the tables' columns,
+    which expands output aliases used in GROUP BY (Q15; Trino resolves none there), and
+    without the trailing semicolon."""
+    import sqlglot
+    from sqlglot.optimizer.qualify import qualify
+
+    schema: dict[str, dict[str, str]] = {}
+    for table, column, kind in con.execute(
+        "SELECT table_name, column_name, data_type FROM information_schema.columns"
+    ).fetchall():
+        schema.setdefault(table, {})[column] = kind
+    out = []
+    for n, sql in queries(con):
+        tree = sqlglot.parse_one(sql.strip().rstrip(";"), read="duckdb")
+        out.append(
+            (
+                n,
+                qualify(tree, schema=schema, dialect="duckdb", quote_identifiers=False).sql(
+                    "trino"
+                ),
+            )
+        )
+    return out
+
+
 def _split(data: pa.Table, key: str | None, parts: int) -> list[pa.Table]:
     if parts == 1 or key is None:
         return [data]

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from flight_gateway.arrow_types import parse_type
+from flight_gateway.protocol.arrow_types import parse_type
 from flight_gateway.protocol.direct import DirectColumn, DirectTask
 
 _FIELD_ID = b"PARQUET:field_id"

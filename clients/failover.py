@@ -25,25 +25,14 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight_gateway.protocol.errors import is_busy
+from flight_gateway.protocol.actions import IDEMPOTENT
+from flight_gateway.protocol.flight_errors import is_busy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Actions a client may repeat on another replica: reads, and writes keyed by an id.
-IDEMPOTENT_ACTIONS = frozenset(
-    {
-        "harness.list_tables",
-        "harness.describe",
-        "harness.history",
-        "harness.public_key",
-        "harness.list_locks",
-        "harness.commit",  # always carries a commit id
-        "harness.commit_write",  # keyed by its write id
-        "harness.renew_lock",
-        "harness.unlock",
-    }
-)
+IDEMPOTENT_ACTIONS = IDEMPOTENT  # safe to repeat: protocol/actions.py says which
 
 
 #: gRPC's words for a replica that cannot be reached or went away mid-call. A gateway's own

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
 from planners.ducklake import connect as ducklake_connect
 
 log = logging.getLogger("demo")
@@ -183,7 +183,7 @@ def hot_and_cold(client: HarnessClient, ice: Any, root: Path) -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from flight_gateway.local_kafka import local_broker
+    from flight_gateway.local.kafka import local_broker
     from pipelines.ingest import KafkaIngester
     from planners.kafka import read_offsets
     from planners.kind import ColumnSpec
@@ -300,7 +300,7 @@ def spark_part(client: HarnessClient, table: str) -> None:
 
     from pyspark.sql import SparkSession
 
-    from pipelines.spark_jobs import SparkKafkaToIcebergFlush
+    from pipelines import spark_jobs
     from spark_datasource import register
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -329,10 +329,7 @@ def spark_part(client: HarnessClient, table: str) -> None:
         "Kafka rows through harness-flight, one pinned version)",
         native.count(),
     )
-    flush = SparkKafkaToIcebergFlush(
-        spark, client.uri, client, table, "kafka-0", "cold", owner="demo-spark-flush"
-    )
-    result = flush.run_once()
+    result = spark_jobs.move(spark, client.uri, client, table, "kafka-0", "cold")
     state = client.describe(table).source("kafka-0").state
     log.info(
         "Spark flush: %d rows Kafka -> Iceberg in version %s; kafka-0 is now %s; Spark still counts %d",

@@ -1,1 +1,2 @@
-"""Data movement between tiers: library movers (``pipelines.movers``) and, later, Spark jobs."""
+"""Data movement between tiers: ``Mover`` (one ``harness.move`` per call), ingest helpers,
+compaction and Spark jobs."""

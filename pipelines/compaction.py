@@ -16,13 +16,21 @@ import uuid
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from clients import HarnessClient
-from pipelines.movers import MoveResult
-from planners.common import filesystem
+from pipelines.mover import MoveResult
 
 log = logging.getLogger(__name__)
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of a staging location (a local path or a URI)."""
+    if "://" in location:
+        fs, path = pafs.FileSystem.from_uri(location)
+        return fs, path
+    return pafs.LocalFileSystem(), location
 
 
 def _strict(data: pa.Table) -> pa.Table:

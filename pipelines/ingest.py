@@ -3,11 +3,11 @@
 - ``KafkaIngester``: a consumer loop that, every ``interval_s``, commits the highest offset seen
   per partition as the ``high`` of that partition's Kafka source, and its consumer position as
   ``external_state`` in the same commit, so the two never disagree.
-- ``PostgresUpsertWriter``: upserts rows into a system-versioned table and advances the source's
-  ``as_of`` safely (lock, write, commit, read the server clock, harness commit, unlock).
+- ``PostgresUpsertWriter``: upserts rows into a system-versioned table through the gateway (a
+  DoPut merge), which advances the source's ``as_of`` safely.
 
-Both take the source's lock for their commit, because movers change the same source states
-(a mover sets ``low``, the ingester ``high``): the lock makes each read-modify-write safe.
+The ingester takes the source's lock for its commit, because moves change the same source
+state (a move sets ``low``, the ingester ``high``): the lock makes its read-modify-write safe.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import pyarrow as pa
 
 from clients.client import HarnessClient
 from flight_gateway.protocol import operations as ops
-from planners.kafka.ranges import with_range
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +107,7 @@ class KafkaIngester:
                     updates.append(
                         {
                             "source": self.sources[p],
-                            "state": with_range(state, int(state.get("low", 0)), high),
+                            "state": {**state, "high": high},  # skips lie below high
                         }
                     )
                 ext[self._key(p)] = high
@@ -143,59 +142,25 @@ class KafkaIngester:
 
 
 class PostgresUpsertWriter:
-    """Upsert rows into a system-versioned Postgres table behind a ``postgres`` source."""
+    """Upsert rows into the system-versioned Postgres table behind a ``postgres`` source: a
+    DoPut merge by the table's primary key (the gateway's Postgres kind writes them and
+    advances ``as_of`` under the source's lock, in one commit)."""
 
-    def __init__(
-        self,
-        client: HarnessClient,
-        table: str,
-        source: str,
-        dsn: str,
-        pg_table: str,
-        key_columns: Sequence[str],
-        *,
-        schema: str = "public",
-    ) -> None:
-        import psycopg
-
+    def __init__(self, client: HarnessClient, table: str, source: str) -> None:
         self.client, self.table, self.source = client, table, source
-        self.pg_table, self.schema = pg_table, schema
-        self.keys = list(key_columns)
-        self.conn = psycopg.connect(dsn)
 
     def close(self) -> None:
-        self.conn.close()
+        """Nothing to release: the gateway holds the connections."""
 
     def write(
         self, rows: pa.Table | Sequence[Mapping[str, Any]], *, commit_id: str | None = None
     ) -> int:
         """Upsert ``rows`` and commit the new ``as_of``; returns the harness version."""
-        from planners.postgres.versioning import server_now
-        from planners.predicates import quote_ident
-
-        data = rows.to_pylist() if isinstance(rows, pa.Table) else [dict(r) for r in rows]
-        if not data:
+        data = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist([dict(r) for r in rows])
+        if not data.num_rows:
             raise ValueError("nothing to write")
-        cols = list(data[0])
-        target = f"{quote_ident(self.schema)}.{quote_ident(self.pg_table)}"
-        names = ", ".join(quote_ident(c) for c in cols)
-        updates = ", ".join(
-            f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in cols if c not in self.keys
-        )
-        conflict = f"ON CONFLICT ({', '.join(quote_ident(k) for k in self.keys)}) " + (
-            f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
-        )
-        sql = f"INSERT INTO {target} ({names}) VALUES ({', '.join(['%s'] * len(cols))}) {conflict}"
-        with self.client.lock(
-            self.table, [self.source], owner="pg-upsert", ttl_s=60, wait_s=60
-        ) as lock:
-            with self.conn.transaction(), self.conn.cursor() as cur:
-                cur.executemany(sql, [tuple(r[c] for c in cols) for r in data])
-            as_of = server_now(self.conn)  # after our transaction committed, under the lock
-            return self.client.commit(
-                self.table,
-                commit_id=commit_id or uuid.uuid4().hex,
-                lock=lock,
-                updates=[{"source": self.source, "state": {"as_of": as_of}}],
-                summary={ops.OPERATION: ops.PG_UPSERT, "rows": len(data)},
-            )
+        out = self.client.put(
+            self.table, data, commit_id=commit_id or uuid.uuid4().hex, source=self.source,
+            merge=True,
+        )  # fmt: skip
+        return int(out["version"])

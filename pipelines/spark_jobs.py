@@ -1,15 +1,13 @@
-"""Data pipelines on Spark: executors move the data, the driver commits once.
+"""Data pipelines on Spark: executors move the data, the gateway commits once.
 
-- ``SparkKafkaToIcebergFlush``: lock a Kafka partition and the Iceberg source, read the
-  partition's ``[low, high)`` through ``harness-flight`` at the pinned version, write Parquet
-  with Spark, register the files with one pyiceberg ``add_files`` and commit
-  ``{snapshot, low = high}`` in one harness commit. Locking, idempotency and the adoption of
-  orphaned appends are the library mover's (``pipelines.movers``).
+- ``move`` (command line ``flush`` for a Kafka source, ``cold-move`` for another hot source):
+  stage a write into the cold source (``begin_write``), read the hot source's rows at the
+  pinned version through ``harness-flight`` on the executors, write them there as Parquet, and
+  hand the files to the gateway's ``harness.move``, which adopts them into the cold source,
+  takes the rows out of the hot one and commits both in one relocation commit (idempotency and
+  the finishing of interrupted moves are the gateway's: ``pipelines.mover``).
 - ``compact``: rewrite a files or Iceberg source as fewer, larger files in one commit; readers
   pinned to older versions keep reading the old files.
-
-- ``SparkPostgresToIcebergMove``: the cold move of a versioned Postgres table to Iceberg, with
-  the data read and written by Spark executors.
 
 Run as ``python -m pipelines.spark_jobs flush|cold-move|compact --uri ... --table ...`` or with
 ``spark-submit``.
@@ -19,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import uuid
 from typing import Any
 
 from clients import HarnessClient
-from flight_gateway.protocol import TableInfo
 from flight_gateway.protocol import operations as ops
-from pipelines.compaction import rewrite_source
-from pipelines.movers import KafkaToIcebergMover, MoveResult, PostgresToIcebergMover, checkpoint
-from planners.common import filesystem
+from pipelines.compaction import filesystem, rewrite_source
+from pipelines.mover import Mover, MoveResult
 
 log = logging.getLogger(__name__)
 
@@ -69,91 +64,37 @@ def _write_parquet(df: Any, directory: str, files: int | None = None) -> list[st
     return _parquet_files(directory)
 
 
-class _OnSpark:
-    """What a mover needs to move its data with Spark instead of in the driver."""
-
-    def __init__(
-        self,
-        spark: Any,
-        uri: str,
-        client: HarnessClient,
-        table: str,
-        hot: str,
-        cold: str,
-        *,
-        token: str | None = None,
-        **kw: Any,
-    ) -> None:
-        super().__init__(client, table, hot, cold, **kw)  # type: ignore[call-arg]
-        self.spark, self.uri, self.token = spark, uri, token
-
-
-class SparkKafkaToIcebergFlush(_OnSpark, KafkaToIcebergMover):
-    def _append(
-        self, itable: Any, desc: TableInfo, low: int, high: int, props: dict[str, str]
-    ) -> int:
-        if low != int(desc.source(self.hot).state.get("low", 0)):
-            # An adopted orphan moved low past the pinned state: read the rest directly.
-            return super()._append(itable, desc, low, high, props)
-        schema = itable.schema().as_arrow()
-        df = _reader(
-            self.spark,
-            self.uri,
-            self.table,
-            self.token,
-            version=str(desc.version),
-            sources=self.hot,
-            columns=",".join(schema.names),
+def move(
+    spark: Any,
+    uri: str,
+    client: HarnessClient,
+    table: str,
+    hot: str,
+    cold: str,
+    *,
+    where: str | None = None,
+    token: str | None = None,
+) -> MoveResult:
+    """Move ``hot``'s rows (those matching ``where``) into ``cold`` with Spark executors
+    reading and writing them; the gateway adopts the files and commits (``harness.move``)."""
+    desc = client.describe(table)
+    columns = [f.name for f in desc.schema if f.name not in ops.READ_TIME_COLUMNS]
+    begun = client.begin_write(table, cold)
+    if begun["mode"] != "stage":
+        raise ValueError(f"source {cold!r} cannot take staged files: its kind adopts none")
+    options = {"version": str(desc.version), "sources": hot, "columns": ",".join(columns)}
+    if where:
+        options["filter"] = where
+    try:
+        df = _reader(spark, uri, table, token, **options)
+        files = _write_parquet(df, f"{begun['location'].rstrip('/')}/moved")
+        mover = Mover(client, table, hot, cold, where=where)
+        return mover.run_once(
+            write_id=begun["write_id"], paths=files, version=desc.version, rows=_rows(files)
         )
-        staging = f"{itable.location().rstrip('/')}/data/harness-spark-{uuid.uuid4().hex}"
-        files = _write_parquet(df, staging)
-        checkpoint("kafka_iceberg.before_append")
-        if files:
-            itable.add_files(files, snapshot_properties=props)
-        else:  # nothing to register, but the snapshot marks the move for adoption
-            import pyarrow as pa
-
-            itable.append(pa.Table.from_pylist([], schema=schema), snapshot_properties=props)
-        return _rows(files)
-
-
-class SparkPostgresToIcebergMove(_OnSpark, PostgresToIcebergMover):
-    """The cold move on Spark: executors read the Postgres source through harness-flight at the
-    pinned version and write Parquet; the driver registers the files (one ``add_files``),
-    deletes the moved keys from Postgres and commits snapshot and ``as_of`` together. Locking,
-    adoption of orphaned appends and the commit are the library mover's."""
-
-    def _move_rows(
-        self,
-        conn: Any,
-        sql: str,
-        params: list[Any],
-        itable: Any,
-        keys: list[str],
-        props: dict[str, str],
-        version: int,
-    ) -> Any:
-        import pyarrow as pa
-        import pyarrow.dataset as ds
-
-        schema = itable.schema().as_arrow()
-        options = {"version": str(version), "sources": self.hot, "columns": ",".join(schema.names)}
-        if self.where:
-            options["filter"] = self.where
-        df = _reader(self.spark, self.uri, self.table, self.token, **options)
-        files = _write_parquet(
-            df, f"{itable.location().rstrip('/')}/data/harness-spark-{uuid.uuid4().hex}"
-        )
-        if not files:
-            return pa.table({k: pa.array([], schema.field(k).type) for k in keys})
-        n = _rows(files)
-        checkpoint("postgres_iceberg.before_append")
-        itable.add_files(files, snapshot_properties={**props, ops.SNAP_ROWS: str(n)})
-        checkpoint("postgres_iceberg.after_append")
-        fs, _ = filesystem(files[0])
-        return ds.dataset(
-            [filesystem(f)[1] for f in files], format="parquet", filesystem=fs
-        ).to_table(columns=keys)
+    except BaseException:
+        client.abort_write(table, begun["write_id"], cold)
+        raise
 
 
 def compact(
@@ -198,24 +139,10 @@ def run_job(spark: Any, client: HarnessClient, args: argparse.Namespace) -> Move
     common = {"token": args.token}
     if args.job in ("flush", "cold-move") and not (args.hot and args.cold):
         raise SystemExit(f"{args.job} needs --hot and --cold")
-    if args.job == "flush":
-        flush = SparkKafkaToIcebergFlush(
-            spark, args.uri, client, args.table, args.hot, args.cold, owner="spark-flush", **common
-        )
-        return flush.run_once()
-    if args.job == "cold-move":
-        move = SparkPostgresToIcebergMove(
-            spark,
-            args.uri,
-            client,
-            args.table,
-            args.hot,
-            args.cold,
-            where=args.where,
-            owner="spark-cold-move",
-            **common,
-        )
-        return move.run_once()
+    if args.job in ("flush", "cold-move"):
+        where = args.where if args.job == "cold-move" else None
+        return move(spark, args.uri, client, args.table, args.hot, args.cold, where=where,
+                    **common)  # fmt: skip
     if not args.source:
         raise SystemExit("compact needs --source")
     return compact(spark, args.uri, client, args.table, args.source, files=args.files, **common)

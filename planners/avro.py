@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 
 _PRIMITIVES: dict[str, pa.DataType] = {
     "null": pa.null(),

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.kind import ColumnSpec, ScanRequest
 from planners.predicates import Expr, columns, nan_safe, rename, to_arrow
 
@@ -227,7 +227,7 @@ def read_files(
     """Files (local paths or URIs) one after the other, each through ``scan_dataset``."""
     import pyarrow.dataset as ds
 
-    from flight_gateway.errors import Unavailable
+    from flight_gateway.protocol.errors import Unavailable
 
     def one(path: str) -> pa.RecordBatchReader:
         fs, p = filesystem(path)

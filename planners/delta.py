@@ -31,8 +31,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
 from flight_gateway.protocol import operations as ops
+from flight_gateway.protocol.errors import InvalidArgument, NotFound, Unavailable
 from planners import locations
 from planners.common import (
     apply_residual,
@@ -57,6 +57,7 @@ from planners.kind import (
     SourceRef,
     parquet_engine_scan,
 )
+from planners.layout import FileLayout, LaidFile, as_uri
 from planners.predicates import columns, nan_safe, to_arrow
 
 DEFAULT_BATCH_ROWS = 64 * 1024
@@ -243,6 +244,35 @@ class DeltaKind(SourceKind):
         paths = file_locations(table, list(task.payload["files"]))
         return DirectFiles("parquet", tuple(p.removeprefix("file://") for p in paths))
 
+    def layout(self, request: ScanRequest) -> FileLayout | None:
+        """The version's data files in place, columns by name; None for partitioned tables
+        (partition values live in the log, not in the files)."""
+        src = request.source
+        version = _version(src.name, src.state)
+        if version is None:
+            return FileLayout((), {})
+        table, dataset = _open(src, self.parse_config(src), version)
+        if table.metadata().partition_columns:
+            return None
+        adds = pa.table(table.get_add_actions(flatten=True)).select(
+            ["path", "size_bytes", "num_records"]
+        )
+        paths = file_locations(table, adds.column("path").to_pylist())
+        request.check_files("data file", paths)
+        sizes, counts = (
+            adds.column("size_bytes").to_pylist(),
+            adds.column("num_records").to_pylist(),
+        )
+        if any(n is None for n in counts):
+            return None  # a log without row counts: made a slice of instead
+        mapping = physical_names(request.columns, dataset.schema.names)
+        physical = {c: (p, dataset.schema.field(p).type) for c, p in mapping.items()}
+        files = tuple(
+            LaidFile(as_uri(p), int(size), int(n))
+            for p, size, n in zip(paths, sizes, counts, strict=True)
+        )
+        return FileLayout(files, physical)
+
     def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
         """Files added by the append versions between the two states that the pinned version
         still holds; versions that relocate rows (movers, compaction) add none."""
@@ -283,7 +313,9 @@ class DeltaKind(SourceKind):
             data,
             mode="append",
             storage_options=config.storage_options or None,
-            commit_properties=CommitProperties(custom_metadata={ops.SNAP_COMMIT_ID: ctx.commit_id}),
+            commit_properties=CommitProperties(
+                custom_metadata=ops.write_properties(ctx.commit_id, ctx.relocation)
+            ),
         )
         version = _committed(_table(config), pinned, ctx.commit_id)
         if version is None:

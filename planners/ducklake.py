@@ -4,18 +4,22 @@ Config: ``metadata`` (what follows ``ducklake:`` in ATTACH: a DuckDB file, ``sql
 ``postgres:dsn``), ``data_path``, ``table`` and optional ``schema`` (default ``main``).
 State: ``{"snapshot_id": int}``. Projection and the whole predicate go into the SQL (quoted
 identifiers, bound parameters), so DuckDB filters exactly and streams Arrow batches.
-Schema changes: ``ALTER TABLE`` (additive part only).
+Schema changes: ``ALTER TABLE`` (additive part only). Writes (DoPut, moves): appends and
+merges by key, one snapshot each, idempotent by commit id (kept in the snapshot's commit info).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.errors import InvalidArgument, Unavailable
+from flight_gateway.protocol import operations as ops
+from flight_gateway.protocol.errors import HarnessError, InvalidArgument, Unavailable
 from planners import locations
 from planners.common import (
     DEFAULT_BATCH_ROWS,
@@ -25,9 +29,11 @@ from planners.common import (
     empty_reader,
     physical_names,
     pushdown,
+    to_physical,
 )
 from planners.kind import (
     Additive,
+    AppendContext,
     Reach,
     ScanRequest,
     ScanTask,
@@ -95,6 +101,23 @@ def _snapshot(source: str, state: Mapping[str, Any]) -> int | None:
     return snap
 
 
+def _committed(con: Any, pinned: int | None, commit_id: str) -> int | None:
+    """The snapshot after ``pinned`` that a harness write of ``commit_id`` made, if any."""
+    rows = con.execute(
+        "SELECT snapshot_id, commit_extra_info FROM lake.snapshots() WHERE snapshot_id > ? "
+        "AND author = 'harness' ORDER BY snapshot_id",
+        [pinned if pinned is not None else -1],
+    ).fetchall()
+    for snapshot_id, extra in rows:
+        try:
+            info = json.loads(extra or "{}")
+        except ValueError:
+            continue
+        if isinstance(info, dict) and info.get(ops.SNAP_COMMIT_ID) == commit_id:
+            return int(snapshot_id)
+    return None
+
+
 def _files(con: Any, config: Mapping[str, Any], snap: int) -> list[str]:
     """The data and delete files DuckDB will open for the table at ``snap`` (the lake's
     metadata lists them; they may lie anywhere, not only under ``data_path``)."""
@@ -108,6 +131,7 @@ def _files(con: Any, config: Mapping[str, Any], snap: int) -> list[str]:
 
 class DuckLakeKind(SourceKind):
     config_model = DuckLakeConfig
+    keyed_store = True
 
     def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
         _snapshot(name, state)
@@ -163,6 +187,52 @@ class DuckLakeKind(SourceKind):
         if request.predicate is not None and pred is None:
             out = apply_residual(out, request.predicate)
         return out
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]:
+        return self.merge(ctx, rows, rows.slice(0, 0), ())
+
+    def merge(
+        self, ctx: AppendContext, upserts: pa.Table, deletes: pa.Table, key: Sequence[str]
+    ) -> dict[str, Any]:
+        """One DuckLake snapshot: the rows of every key touched deleted, the upserts inserted
+        (no key: a plain insert). The snapshot carries the commit id in its commit info, so a
+        retry of the same commit finds it instead of writing again."""
+        src = ctx.source
+        con = connect(src.config, read_only=False)
+        try:
+            found = _committed(con, _snapshot(src.name, src.state), ctx.commit_id)
+            if found is not None:
+                return {**src.state, "snapshot_id": found}
+            target = table_ref(src.config)
+            names = [d[0] for d in con.execute(f"SELECT * FROM {target} LIMIT 0").description]
+            data = to_physical(upserts, names, ctx.aliases)
+            con.execute("BEGIN")
+            if key:
+                touched = pa.concat_tables([upserts.select(list(key)), deletes.select(list(key))])
+                con.register("harness_keys", to_physical(touched, names, ctx.aliases))
+                phys = to_physical(pa.table({k: [] for k in key}), names, ctx.aliases).column_names
+                on = " AND ".join(f"{target}.{quote_ident(k)} = k.{quote_ident(k)}" for k in phys)
+                con.execute(f"DELETE FROM {target} USING harness_keys k WHERE {on}")
+            if data.num_rows:
+                con.register("harness_rows", data)
+                cols = ", ".join(quote_ident(c) for c in data.column_names)
+                con.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM harness_rows")
+            info = json.dumps(ops.write_properties(ctx.commit_id, ctx.relocation))
+            con.execute("CALL lake.set_commit_message('harness', ?, extra_info => ?)",
+                        [ctx.commit_id, info])  # fmt: skip
+            con.execute("COMMIT")
+            snap = con.execute("SELECT max(snapshot_id) FROM lake.snapshots()").fetchone()
+            return {**src.state, "snapshot_id": int(snap[0])}
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                con.execute("ROLLBACK")
+            if isinstance(e, HarnessError):
+                raise
+            raise Unavailable(f"source {src.name!r}: the DuckLake write failed: {e}") from e
+        finally:
+            con.close()
 
     def apply_additive(self, source: SourceRef, changes: Sequence[Additive]) -> None:
         con = connect(source.config, read_only=False)

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from flight_gateway.errors import InvalidArgument, Unavailable
+from flight_gateway.protocol.errors import InvalidArgument, Unavailable
 from planners import locations
 from planners.avro import read_avro
 from planners.common import (
@@ -31,11 +31,13 @@ from planners.common import (
     chain_readers,
     filesystem,
     group_by_size,
+    physical_names,
     scan_dataset,
     target_schema,
 )
 from planners.kind import (
     AppendContext,
+    ColumnSpec,
     DirectFiles,
     EngineScan,
     Pinned,
@@ -46,6 +48,14 @@ from planners.kind import (
     SourceKind,
     SourceRef,
     parquet_engine_scan,
+)
+from planners.layout import (
+    FileLayout,
+    LaidFile,
+    as_uri,
+    name_mapping,
+    parquet_footer,
+    widens,
 )
 
 FORMATS = {
@@ -239,6 +249,37 @@ class FilesKind(SourceKind):
         new = [f for f in _file_list(src.name, src.state) if f not in old]
         return self._tasks(request, new) if new else []
 
+    # ------------------------------------------------------------------ as files
+
+    def layout(self, request: ScanRequest) -> FileLayout | None:
+        """Parquet files without field ids are read in place, columns matched by name; other
+        formats (and files that carry field ids of their own) are made slices of."""
+        config: FilesConfig = self.parse_config(request.source)
+        if FORMATS[config.format] != "parquet":
+            return None
+        files = _file_list(request.source.name, request.source.state)
+        fs, paths, uris = self._paths(request, files)
+        laid: list[LaidFile] = []
+        physical: dict[str, tuple[str, pa.DataType]] = {}
+        for path, uri in zip(paths, uris, strict=True):
+            footer = parquet_footer(fs, path)
+            if footer is None:
+                return None
+            size, rows, schema = footer
+            mapping = physical_names(request.columns, schema.names)
+            found = {c: (p, schema.field(p).type) for c, p in mapping.items()}
+            if laid and not _agree(physical, found, request.columns):
+                return None  # files disagree on a column's name or type: one slice instead
+            physical = physical or found
+            laid.append(LaidFile(as_uri(uri), size, rows))
+        return FileLayout(tuple(laid), physical)
+
+    def pieces(
+        self, source: SourceRef, stored: Sequence[Mapping[str, Any]]
+    ) -> list[Mapping[str, Any]]:
+        """One piece per file: a list that grows makes one new slice per new file."""
+        return [{"files": [f]} for f in _file_list(source.name, source.state)]
+
     # ------------------------------------------------------------------ writing
 
     def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
@@ -330,3 +371,23 @@ def maintain_files(pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
     for root, keep in _referenced(pinned).items():
         deleted += _clean_root(root, keep, grace_s)
     return {"deleted_files": deleted}
+
+
+def _agree(
+    first: Mapping[str, tuple[str, pa.DataType]],
+    other: Mapping[str, tuple[str, pa.DataType]],
+    columns: Sequence[ColumnSpec],
+) -> bool:
+    """A later file reads right beside the first through the table's name mapping: each of
+    its physical names maps to the column it fills (a renamed column's old files, a column
+    added since absent and so null), and its types widen to the harness's (Iceberg's
+    per-file type promotion)."""
+    ids = name_mapping(columns)
+    by_name = {c.name: c for c in columns}
+    for c, (name, have) in other.items():
+        want = by_name[c]
+        if ids.get(name) != want.field_id or not widens(have, want.arrow_type):
+            return False
+        if c in first and first[c][1] != have and not widens(first[c][1], want.arrow_type):
+            return False
+    return True

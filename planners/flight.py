@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight_gateway.errors import InvalidArgument, Unavailable
+from flight_gateway.protocol.errors import InvalidArgument, Unavailable
 from planners import locations
 from planners.common import closing, conform, physical_names
 from planners.kind import Reach, ScanRequest, ScanTask, SourceConfig, SourceKind, SourceRef

@@ -25,8 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
 from flight_gateway.protocol import operations as ops
+from flight_gateway.protocol.errors import InvalidArgument, NotFound, Unavailable
 from planners import locations
 from planners.common import (
     conform,
@@ -38,7 +38,7 @@ from planners.common import (
     to_physical,
 )
 from planners.iceberg_manifests import entries as manifest_entries
-from planners.iceberg_mor import Planned, read_task
+from planners.iceberg_mor import Planned, deleted_positions, read_task
 from planners.iceberg_mor import plan as plan_with_deletes
 from planners.kind import (
     ALLOW_ALL,
@@ -56,6 +56,7 @@ from planners.kind import (
     SourceRef,
     parquet_engine_scan,
 )
+from planners.layout import POSITION_DELETES, FileLayout, LaidFile
 from planners.predicates import nan_safe
 from planners.predicates.iceberg import to_iceberg
 
@@ -380,6 +381,19 @@ class IcebergKind(SourceKind):
         }
         return DirectFiles("parquet", tuple(t.file.file_path for t in mine), ids)
 
+    def layout(self, request: ScanRequest) -> FileLayout | None:
+        """Data and position delete files where they are, columns by field id; equality
+        deletes resolved once to the positions they delete (readers such as pyiceberg apply
+        position deletes only). None for ORC/Avro files and nested columns."""
+        if _snapshot_id(request.source.name, request.source.state) is None:
+            return FileLayout((), {})
+        scan, mapping, planned = self._scan(request)
+        meta = scan.table_metadata
+        snap = meta.snapshot_by_id(scan.snapshot_id) if scan.snapshot_id else None
+        schema = meta.schema_by_id(snap.schema_id) if snap and snap.schema_id is not None else None
+        schema = schema or meta.schema()
+        return iceberg_layout(scan, schema, mapping, planned, request)
+
     def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
         """Data files added by the append snapshots between the two states (the tasks are read
         at ``request``'s snapshot, which holds them). Snapshots that relocate rows (movers,
@@ -411,7 +425,7 @@ class IcebergKind(SourceKind):
         data = fit_to_schema(rows, schema, ctx.aliases)
         table.append(
             data,
-            snapshot_properties={ops.SNAP_COMMIT_ID: ctx.commit_id},
+            snapshot_properties=ops.write_properties(ctx.commit_id, ctx.relocation),
         )
         return {**src.state, "snapshot_id": table.current_snapshot().snapshot_id}
 
@@ -437,7 +451,7 @@ class IcebergKind(SourceKind):
             data=data,
             deletes=touched,
             equality_ids=[schema.find_field(n).field_id for n in touched.column_names],
-            snapshot_properties={ops.SNAP_COMMIT_ID: ctx.commit_id},
+            snapshot_properties=ops.write_properties(ctx.commit_id, ctx.relocation),
         )
         return {**src.state, "snapshot_id": sid}
 
@@ -538,3 +552,64 @@ def expire_below_pins(config: Mapping[str, Any], pinned: set[int]) -> int:
     if doomed:
         table.maintenance.expire_snapshots().by_ids(doomed).commit()
     return len(doomed)
+
+
+def _stats(f: Any) -> dict[str, dict[int, Any]]:
+    names = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts",
+             "lower_bounds", "upper_bounds")  # fmt: skip
+    return {n: dict(getattr(f, n) or {}) for n in names}
+
+
+def iceberg_layout(
+    scan: Any, schema: Any, mapping: Mapping[str, str], planned: Planned, request: ScanRequest
+) -> FileLayout | None:
+    """The files of a planned Iceberg scan (``IcebergKind.layout``)."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyiceberg.types import PrimitiveType
+
+    fields = {
+        c.name: schema.find_field(mapping[c.name]) for c in request.columns if c.name in mapping
+    }
+    if any(not isinstance(f.field_type, PrimitiveType) for f in fields.values()):
+        return None  # nested ids would have to be mapped too: made a slice of instead
+    physical = {
+        c: (f.name, schema_to_pyarrow(f.field_type, include_field_ids=False))
+        for c, f in fields.items()
+    }
+    request.check_files("data file", task_files(planned.tasks, planned))
+    data, deletes, positions = [], {}, []
+    for t in planned.tasks:
+        f = t.file
+        if "PARQUET" not in str(f.file_format).upper():
+            return None
+        # Paths exactly as the table's metadata has them: position delete files name data
+        # files by that string.
+        data.append(LaidFile(f.file_path, int(f.file_size_in_bytes),
+                             int(f.record_count), stats=_stats(f)))  # fmt: skip
+        for d in t.delete_files:
+            if "PARQUET" not in str(d.file_format).upper():
+                return None
+            deletes[d.file_path] = LaidFile(d.file_path, int(d.file_size_in_bytes),
+                                            int(d.record_count), POSITION_DELETES)  # fmt: skip
+        equality = planned.deletes_for(f.file_path)
+        if equality:
+            pos = deleted_positions(scan.io, schema, f, equality)
+            if len(pos):
+                positions.append(pa.table({
+                    "file_path": pa.array([f.file_path] * len(pos), pa.string()),
+                    "pos": pos,
+                }))  # fmt: skip
+    file_ids = frozenset(int(i) for s in scan.table_metadata.schemas for i in _all_ids(s))
+    return FileLayout(
+        (*data, *deletes.values()),
+        physical,
+        {c: int(f.field_id) for c, f in fields.items()},
+        file_ids,
+        pa.concat_tables(positions) if positions else None,
+    )
+
+
+def _all_ids(schema: Any) -> list[int]:
+    from pyiceberg.schema import index_by_id
+
+    return list(index_by_id(schema))

@@ -190,3 +190,36 @@ def read_task(scan: Any, planned: Planned, files: Sequence[Any]) -> Iterator[pa.
         data = anti_join(data, scan.io, full, deletes)
         log.debug("equality deletes removed %d of %d rows", before - data.num_rows, before)
         yield from data.to_batches()
+
+
+def deleted_positions(io: Any, schema: Any, data_file: Any, deletes: Sequence[Any]) -> pa.Array:
+    """Row positions in ``data_file`` (a pyiceberg ``DataFile``) that ``deletes`` (equality
+    delete files that apply to it) match: the same rows ``anti_join`` leaves out, as positions,
+    so a reader that applies only position deletes reads the same rows."""
+    import pyarrow.parquet as pq
+
+    ids = sorted({int(i) for d in deletes for i in d.equality_ids})
+    with io.new_input(data_file.file_path).open() as f:
+        pf = pq.ParquetFile(f)
+        arrow = pf.schema_arrow
+        by_id = {
+            int(fld.metadata[_FIELD_ID]): fld.name
+            for fld in arrow
+            if fld.metadata and _FIELD_ID in fld.metadata
+        }
+        names = {i: by_id.get(i, schema.find_field(i).name) for i in ids}
+        present = [n for n in names.values() if n in arrow.names]
+        data = pf.read(columns=present) if present else pa.table({})
+    columns = {
+        schema.find_field(i).name: (
+            data.column(names[i]) if names[i] in data.column_names
+            else pa.nulls(pf.metadata.num_rows, pa.null())  # a column added after the file
+        )
+        for i in ids
+    }  # fmt: skip
+    keyed = pa.table(columns) if columns else pa.table({})
+    positions = pa.array(range(pf.metadata.num_rows), pa.int64())
+    keyed = keyed.append_column("__pos", positions)
+    kept = anti_join(keyed, io, schema, deletes)
+    gone = pc.invert(pc.is_in(positions, value_set=kept.column("__pos").combine_chunks()))
+    return positions.filter(gone)

@@ -39,8 +39,9 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from flight_gateway.arrow_types import parse_type
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.arrow_types import parse_type
+from flight_gateway.protocol.errors import InvalidArgument
+from planners.locations import ALLOW_ALL, Guard, Reach
 from planners.predicates import Expr
 
 
@@ -76,48 +77,6 @@ class SourceRef:
 
 
 DEFAULT_MAX_TASKS = 10_000
-
-
-@dataclass(frozen=True)
-class Reach:
-    """Something a source's config makes the gateway touch, checked against the operator's
-    allow-lists (``reach`` in the gateway config) before any connection is made or file opened.
-
-    ``what`` is ``"path"`` (local path or storage URI: file roots, warehouses, table locations,
-    files named in metadata), ``"host"`` (``host:port`` of a network service: brokers,
-    databases) or ``"uri"`` (a service URI: catalog, token and schema-registry endpoints, Flight
-    locations). ``value`` is in the form the library will use (``planners.locations`` builds
-    it). ``key`` names the config key (or, with a space in it, the kind of file) for error
-    messages; the value itself is never shown (it may come from a secret).
-    """
-
-    what: str
-    key: str
-    value: str
-
-
-@runtime_checkable
-class Guard(Protocol):
-    """Checks locations a kind finds while planning or reading (files named in table metadata)
-    against the operator's allow-lists; raises PERMISSION_DENIED. ``key`` identifies the guard
-    in ``planners.locations.GUARDS`` for libraries that can only carry a string."""
-
-    @property
-    def key(self) -> str: ...
-
-    def check(self, source: str | None, reaches: Sequence[Reach]) -> None: ...
-
-
-class _AllowAll:
-    """The guard outside a gateway (pipelines, tests of a kind alone): no allow-list."""
-
-    key = ""
-
-    def check(self, source: str | None, reaches: Sequence[Reach]) -> None:
-        return None
-
-
-ALLOW_ALL: Guard = _AllowAll()
 
 
 @dataclass(frozen=True)
@@ -196,6 +155,9 @@ class AppendContext:
     #: wrote so a retry can find it (Kafka headers) signs the marks with it, so that a writer
     #: without the key cannot pass its own data off as a commit's.
     tag_key: bytes = b""
+    #: The rows were in the table already (a move from another source): a kind whose streaming
+    #: reads list what each snapshot added marks the write so they skip it.
+    relocation: bool = False
 
 
 # ---------------------------------------------------------------------------- typed configs
@@ -328,6 +290,10 @@ class SourceKind:
     name: str = ""
     #: Rank in the primary-key view: data flows hot -> cold, so hotter kinds rank higher.
     dedupe_tier: ClassVar[int] = 0
+    #: A store where a key names one row (a PostgreSQL table, a DuckLake table): rows moved
+    #: into it for a table with a primary key replace those of their keys (``Merges``), where
+    #: log-structured formats (Iceberg, Delta, files) take them as appends.
+    keyed_store: ClassVar[bool] = False
     #: The typed config (a ``SourceConfig`` subclass).
     config_model: ClassVar[type[SourceConfig]] = SourceConfig
 
@@ -387,6 +353,25 @@ class Merges(Protocol):
 
     def merge(
         self, ctx: AppendContext, upserts: pa.Table, deletes: pa.Table, key: Sequence[str]
+    ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Drains(Protocol):
+    """A hot source rows can be moved out of (``harness.move``): ``drain`` takes out of the
+    source the rows it held at state ``moved`` (``rows``: what the move read of them, at least
+    the key columns ``key``) and returns the source's new state, computed from its state now
+    (``ctx.source.state``: writes may have committed since ``moved``). ``partial``: only the rows
+    of a filter were moved (a kind that can only move all raises INVALID_ARGUMENT). Idempotent:
+    a move repeated after a crash drains the same rows again."""
+
+    def drain(
+        self,
+        ctx: AppendContext,
+        moved: Mapping[str, Any],
+        rows: pa.Table,
+        key: Sequence[str],
+        partial: bool,
     ) -> dict[str, Any]: ...
 
 
@@ -532,6 +517,18 @@ class Maintains(Protocol):
     (``{name: count}``) and ``lost`` (``{"table/source": rows a pin can no longer read}``)."""
 
     def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class HoldsResources(Protocol):
+    """A kind that holds resources for the whole process (the ``kafka`` kind: its open
+    consumers, each with threads and fetch buffers). ``configure_resources`` receives the
+    gateway config's ``limits.kinds.<kind>`` (``{}`` for the defaults; ValueError for a setting
+    it does not know); ``resources`` says what it holds now (name -> number, for the metrics)."""
+
+    def configure_resources(self, settings: Mapping[str, Any]) -> None: ...
+
+    def resources(self) -> Mapping[str, float]: ...
 
 
 @runtime_checkable

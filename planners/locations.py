@@ -32,12 +32,55 @@ import re
 import socket
 import sys
 import threading
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from flight_gateway.errors import InvalidArgument
-from planners.kind import Guard, Reach
+from flight_gateway.protocol.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Something a source's config makes the gateway touch, checked against the operator's
+    allow-lists (``reach`` in the gateway config) before any connection is made or file opened.
+
+    ``what`` is ``"path"`` (local path or storage URI: file roots, warehouses, table locations,
+    files named in metadata), ``"host"`` (``host:port`` of a network service: brokers,
+    databases) or ``"uri"`` (a service URI: catalog, token and schema-registry endpoints, Flight
+    locations). ``value`` is in the form the library will use (``planners.locations`` builds
+    it). ``key`` names the config key (or, with a space in it, the kind of file) for error
+    messages; the value itself is never shown (it may come from a secret).
+    """
+
+    what: str
+    key: str
+    value: str
+
+
+@runtime_checkable
+class Guard(Protocol):
+    """Checks locations a kind finds while planning or reading (files named in table metadata)
+    against the operator's allow-lists; raises PERMISSION_DENIED. ``key`` identifies the guard
+    in ``planners.locations.GUARDS`` for libraries that can only carry a string."""
+
+    @property
+    def key(self) -> str: ...
+
+    def check(self, source: str | None, reaches: Sequence[Reach]) -> None: ...
+
+
+class _AllowAll:
+    """The guard outside a gateway (pipelines, tests of a kind alone): no allow-list."""
+
+    key = ""
+
+    def check(self, source: str | None, reaches: Sequence[Reach]) -> None:
+        return None
+
+
+ALLOW_ALL: Guard = _AllowAll()
+
 
 DEFAULT_PORTS = {"http": 80, "https": 443, "grpc": 80, "grpc+tcp": 80, "grpc+tls": 443}
 #: Object stores whose netloc is a bucket (userinfo there is credentials, never a location).

@@ -29,8 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
 from flight_gateway.protocol import operations as ops
+from flight_gateway.protocol.errors import InvalidArgument, NotFound, Unavailable
 from planners import locations
 from planners.common import (
     conform,
@@ -319,7 +319,8 @@ class PaimonKind(SourceKind):
         try:
             write.write_arrow(data)
             commit.commit(
-                write.prepare_commit(), snapshot_properties={ops.SNAP_COMMIT_ID: ctx.commit_id}
+                write.prepare_commit(),
+                snapshot_properties=ops.write_properties(ctx.commit_id, ctx.relocation),
             )
         finally:
             write.close()

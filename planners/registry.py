@@ -1,10 +1,10 @@
-"""Source kinds by name: built-ins and third-party kinds, found through entry points.
+"""Source kinds by name, found through entry points: registered once, imported on first use.
 
-A kind is registered in the ``dataharness.sources`` entry-point group (``name =
-"package.module:KindClass"``) and imported on first use, so unused backends are never imported.
-The project's own kinds are declared the same way in ``pyproject.toml``; ``BUILTIN`` repeats them
-with the extra that installs their client library, for the install hint and for running from a
-source tree whose entry points are not installed.
+A kind is an entry point of the ``dataharness.sources`` group, ``name = "package.module:Class
+[extra]"``: the project's own in its ``pyproject.toml`` like any third-party package's, the
+optional extra naming what installs the kind's client library (the hint when its import
+fails). Nothing is imported until a kind is used, so unused backends never are. When two
+distributions register one name, the project's own wins (a warning names the other).
 """
 
 from __future__ import annotations
@@ -13,37 +13,34 @@ import importlib
 import importlib.metadata
 import logging
 import threading
+from collections.abc import Mapping
+from typing import Any
 
-from flight_gateway.errors import InvalidArgument, Unavailable
-from planners.kind import SourceKind
+from flight_gateway.protocol.errors import InvalidArgument, Unavailable
+from planners.kind import HoldsResources, SourceKind
 
 log = logging.getLogger(__name__)
 GROUP = "dataharness.sources"
-
-# name: (module:class, extra that installs its dependencies)
-BUILTIN: dict[str, tuple[str, str]] = {
-    "files": ("planners.files:FilesKind", "core"),
-    "iceberg": ("planners.iceberg:IcebergKind", "iceberg"),
-    "ducklake": ("planners.ducklake:DuckLakeKind", "ducklake"),
-    "flight": ("planners.flight:FlightKind", "core"),
-    "kafka": ("planners.kafka:KafkaKind", "kafka"),
-    "postgres": ("planners.postgres:PostgresKind", "postgres"),
-    "delta": ("planners.delta:DeltaKind", "delta"),
-    "paimon": ("planners.paimon:PaimonKind", "paimon"),
-}
+PROJECT = "dataharness-flight-gateway"
 
 _instances: dict[str, SourceKind] = {}
 _lock = threading.Lock()
+
+
+def _dist(ep: importlib.metadata.EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else ""
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     """Installed kinds, scanned afresh (a package installed while the gateway runs is found)."""
     found: dict[str, importlib.metadata.EntryPoint] = {}
     for ep in importlib.metadata.entry_points(group=GROUP):
-        if ep.name in BUILTIN and ep.value != BUILTIN[ep.name][0]:
-            log.warning(
-                "ignoring entry point %s = %s: %r is a built-in kind", ep.name, ep.value, ep.name
-            )
+        kept = found.get(ep.name)
+        if kept is not None and kept.value != ep.value:
+            ours, other = (ep, kept) if _dist(ep) == PROJECT else (kept, ep)
+            log.warning("ignoring entry point %s = %s of %s: the name is taken",
+                        other.name, other.value, _dist(other) or "?")  # fmt: skip
+            found[ep.name] = ours
             continue
         found.setdefault(ep.name, ep)
     return found
@@ -51,20 +48,18 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
 
 def available() -> list[str]:
     """Names of every kind that can be loaded (without importing any of them)."""
-    return sorted(set(BUILTIN) | set(_entry_points()))
+    return sorted(_entry_points())
 
 
 def _load(name: str) -> SourceKind:
-    if name in BUILTIN:
-        target, extra = BUILTIN[name]
-        hint = f"pip install 'dataharness-flight-gateway[{extra}]'"
+    ep = _entry_points().get(name)
+    if ep is None:
+        raise InvalidArgument(f"unknown source kind {name!r} (known: {available()})")
+    if ep.extras and _dist(ep) == PROJECT:
+        hint = f"pip install '{PROJECT}[{','.join(ep.extras)}]'"
     else:
-        ep = _entry_points().get(name)
-        if ep is None:
-            raise InvalidArgument(f"unknown source kind {name!r} (known: {available()})")
-        target = ep.value
-        dist = ep.dist.name if ep.dist is not None else "the package that provides it"
-        hint = f"reinstall {dist}"
+        hint = f"reinstall {_dist(ep) or 'the package that provides it'}"
+    target = ep.value.split("[")[0].strip()
     module_name, _, cls_name = target.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)
@@ -86,3 +81,25 @@ def get_kind(name: str) -> SourceKind:
         if kind is None:
             kind = _instances[name] = _load(name)
         return kind
+
+
+_configured: set[str] = set()
+
+
+def configure_resources(settings: Mapping[str, Mapping[str, Any]]) -> None:
+    """Each kind's process-wide resources from the gateway config (``limits.kinds``): kinds
+    named there are loaded and configured, kinds configured before and not named now go back to
+    their defaults. A setting for a kind without resources is a ValueError."""
+    for name in sorted(set(settings) | _configured):
+        kind = get_kind(name)
+        if not isinstance(kind, HoldsResources):
+            raise ValueError(f"limits.kinds.{name}: the {name!r} kind has no resources to bound")
+        kind.configure_resources(settings.get(name) or {})
+        _configured.add(name)
+
+
+def resources() -> dict[str, Mapping[str, float]]:
+    """What each loaded kind that holds resources holds now (nothing is imported for this)."""
+    with _lock:
+        loaded = dict(_instances)
+    return {n: k.resources() for n, k in sorted(loaded.items()) if isinstance(k, HoldsResources)}

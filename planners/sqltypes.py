@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 
 # (PostgreSQL spelling, DuckDB spelling) where they differ.
 _FLOAT64 = ("DOUBLE PRECISION", "DOUBLE")

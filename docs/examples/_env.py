@@ -1,7 +1,7 @@
 """What the examples need, started locally: a gateway, a Kafka-protocol broker, a scratch
 Postgres database and an Iceberg catalog. The Postgres server is the one at HARNESS_PG_DSN
 (default the loopback one), or one started for the example when nothing answers there
-(flight_gateway/local_postgres.py)."""
+(flight_gateway/local/postgres.py)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyiceberg.catalog.sql import SqlCatalog
 
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.local_kafka import local_broker
-from flight_gateway.local_postgres import admin_dsn, session_server
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
+from flight_gateway.local.kafka import local_broker
+from flight_gateway.local.postgres import admin_dsn, session_server
 
 PG_ADMIN = admin_dsn()
 

@@ -10,7 +10,7 @@ import psycopg
 import pyarrow as pa
 from _env import environment
 
-from pipelines.movers import PostgresToDuckLakeMover
+from pipelines.mover import Mover
 from planners.ducklake import connect
 from planners.postgres.versioning import enable_versioning, server_now
 
@@ -58,7 +58,7 @@ with environment(catalog_in_postgres=True) as probe:  # catalog, lake metadata, 
         ],
     )
     before = c.describe("logs").version
-    mover = PostgresToDuckLakeMover(c, "logs", "postgres", "ducklake", owner="basement")
+    mover = Mover(c, "logs", "postgres", "ducklake")
     result = mover.run_once()
     assert sorted(c.read("logs", columns=["id"]).column("id").to_pylist()) == list(range(1, 51))
     assert sorted(c.read("logs", version=before, columns=["id"]).column("id").to_pylist()) == list(

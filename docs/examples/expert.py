@@ -20,7 +20,7 @@ import pyarrow as pa
 from _env import environment
 from pypaimon import CatalogFactory, Schema
 
-from pipelines.movers import KafkaToPostgresMover, PostgresToPaimonMover
+from pipelines.mover import Mover
 from planners.postgres.versioning import enable_versioning, server_now
 
 log = logging.getLogger("expert")
@@ -144,8 +144,8 @@ with environment() as env:
     moves = {"count": 0}
 
     def partition_worker(p: int) -> None:
-        hot = KafkaToPostgresMover(c, "events", f"kafka-{p}", f"pg-{p}", owner=f"hot-{p}")
-        cold = PostgresToPaimonMover(c, "events", f"pg-{p}", f"paimon-{p}", owner=f"cold-{p}")
+        hot = Mover(c, "events", f"kafka-{p}", f"pg-{p}")
+        cold = Mover(c, "events", f"pg-{p}", f"paimon-{p}")
         try:
             while True:
                 finished = done.is_set()

@@ -13,7 +13,7 @@ import psycopg
 import pyarrow as pa
 from _env import environment
 
-from pipelines.movers import KafkaToPostgresMover, PostgresToIcebergMover
+from pipelines.mover import Mover
 from planners.postgres.versioning import enable_versioning, server_now
 
 log = logging.getLogger("medium")
@@ -60,8 +60,8 @@ with environment() as env:
             },
         ],
     )
-    to_pg = KafkaToPostgresMover(c, "logs", "kafka", "postgres", owner="kafka->pg")
-    to_cold = PostgresToIcebergMover(c, "logs", "postgres", "iceberg", owner="pg->iceberg")
+    to_pg = Mover(c, "logs", "kafka", "postgres")
+    to_cold = Mover(c, "logs", "postgres", "iceberg")
     rev = 0
     model: dict[int, str] = {}
     offset = 0

@@ -14,7 +14,7 @@ import pyarrow as pa
 from _env import environment
 
 from pipelines.ingest import KafkaIngester
-from pipelines.movers import KafkaToIcebergMover
+from pipelines.mover import Mover
 
 log = logging.getLogger("simple")
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int32()), ("msg", pa.string())])
@@ -51,10 +51,7 @@ with environment() as env:
     stop = threading.Event()
     worker = threading.Thread(target=ingester.run, args=(stop,))
     worker.start()
-    flushers = [
-        KafkaToIcebergMover(c, "logs", f"kafka-{p}", "iceberg", owner=f"flusher-{p}")
-        for p in (0, 1)
-    ]
+    flushers = [Mover(c, "logs", f"kafka-{p}", "iceberg") for p in (0, 1)]
     next_id = 0
     for round_ in range(3):
         env.produce(

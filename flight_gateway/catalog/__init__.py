@@ -1,10 +1,9 @@
 """Harness catalog: which sources make up a table and their state at every table version.
 
-Depends on SQLAlchemy only (and the shared ``flight_gateway.errors``/``arrow_types`` leaves).
+Depends on SQLAlchemy only (and the shared ``flight_gateway.protocol.errors``/``arrow_types`` leaves).
 """
 
 from flight_gateway.catalog.catalog import Catalog
-from flight_gateway.catalog.config import resolve_config
 from flight_gateway.catalog.model import (
     CommitInfo,
     CommitResult,
@@ -31,5 +30,4 @@ __all__ = [
     "SourceUpdate",
     "TableHead",
     "TableSnapshot",
-    "resolve_config",
 ]

@@ -16,7 +16,7 @@ from flight_gateway.catalog.model import CommitResult
 from flight_gateway.catalog.queries import table_row
 from flight_gateway.catalog.schema import Schema, new_schema
 from flight_gateway.catalog.validation import as_list, check_json, check_table_name, new_id
-from flight_gateway.errors import AlreadyExists, InvalidArgument
+from flight_gateway.protocol.errors import AlreadyExists, InvalidArgument
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from flight_gateway.catalog.model import (
     TableHead,
     TableSnapshot,
 )
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 
 #: Default cap on how long ``lock(wait_s=...)`` may wait in the queue.
 DEFAULT_MAX_WAIT_S = 300.0

@@ -41,7 +41,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import QueuePool
 
-from flight_gateway.errors import HarnessError
+from flight_gateway.protocol.errors import HarnessError
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def _migration_1(conn: Connection) -> None:
 def _migration_2(conn: Connection) -> None:
     """The Postgres commit and lock functions (one round trip per commit or lock step)."""
     if conn.dialect.name == "postgresql":
-        from flight_gateway.catalog.commit import postgres_sql
+        from flight_gateway.catalog import pg_functions as postgres_sql
 
         conn.exec_driver_sql(postgres_sql.COMMIT_FUNCTION_V1)
         conn.exec_driver_sql(postgres_sql.LOCK_FUNCTION_V1)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flight_gateway.catalog.schema import Schema
-from flight_gateway.errors import InvalidArgument, NotFound
+from flight_gateway.protocol.errors import InvalidArgument, NotFound
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from flight_gateway.catalog.model import (
 )
 from flight_gateway.catalog.schema import Schema
 from flight_gateway.catalog.validation import check_positive_int
-from flight_gateway.errors import InvalidArgument, NotFound
+from flight_gateway.protocol.errors import InvalidArgument, NotFound
 
 
 def table_row(conn: Connection, name: str, *, for_update: bool = False) -> Row[Any]:

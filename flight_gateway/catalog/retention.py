@@ -19,7 +19,7 @@ from flight_gateway.catalog.db import (
 from flight_gateway.catalog.in_force import kv_in_force, state_in_force
 from flight_gateway.catalog.queries import table_row
 from flight_gateway.catalog.validation import check_positive_int
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 

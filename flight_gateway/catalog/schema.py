@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from flight_gateway.arrow_types import canonical, is_safe_widening
-from flight_gateway.errors import InvalidArgument, NotFound
+from flight_gateway.protocol.arrow_types import canonical, is_safe_widening
+from flight_gateway.protocol.errors import InvalidArgument, NotFound
 
 
 @dataclass(frozen=True)

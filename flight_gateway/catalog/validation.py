@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*$")
 _SOURCE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")

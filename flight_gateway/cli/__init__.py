@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway.cli import apply, client_cmds, serve
-from flight_gateway.errors import HarnessError
+from flight_gateway.protocol.errors import HarnessError
 
 __all__ = ["main"]
 

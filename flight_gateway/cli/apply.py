@@ -40,7 +40,7 @@ import yaml
 
 from flight_gateway.cli.client_cmds import connect
 from flight_gateway.cli.output import emit
-from flight_gateway.errors import InvalidArgument, NotFound
+from flight_gateway.protocol.errors import InvalidArgument, NotFound
 
 _MARKS = "__marks__"  # key -> (line, column) of its value; "" -> the mapping's own
 
@@ -162,7 +162,7 @@ def _source(node: Any, where: str, problems: Problems) -> dict[str, Any]:
 
 
 def _column(node: Any, where: str, problems: Problems) -> dict[str, Any]:
-    from flight_gateway.arrow_types import parse_type
+    from flight_gateway.protocol.arrow_types import parse_type
 
     col = _check_keys(node, where, ("name", "type"), ("nullable",), problems)
     if col is None:

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from clients import HarnessClient
 from flight_gateway.cli.output import Progress, emit, table_text
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 
 
 @contextmanager

@@ -6,32 +6,42 @@ import argparse
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 
-from flight_gateway.allocator import tune_for_flight
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
+from flight_gateway.protocol.allocator import tune_for_flight
 
 log = logging.getLogger("harness-gateway")
 
 
 def serve(args: argparse.Namespace) -> int:
     tune_for_flight()  # first: a thread that allocates before the arena limit makes its own arena
-    config = GatewayConfig.load(
-        args.config,
-        catalog=args.catalog,
-        host=args.host,
-        port=args.port,
-        allow_anonymous=True if args.allow_anonymous else None,
-    )
+    try:
+        config = GatewayConfig.load(
+            args.config,
+            catalog=args.catalog,
+            host=args.host,
+            port=args.port,
+            allow_anonymous=True if args.allow_anonymous else None,
+        )
+    except ValueError as e:  # ConfigError and every other check of the config: one line
+        print(f"harness-gateway serve: {e}", file=sys.stderr)
+        return 2
     if config.log_format == "json":
         json_logs()
     if not config.tokens and not config.allow_anonymous:
         log.error("no tokens configured: pass --config with tokens, or --allow-anonymous")
         return 2
     catalog = Catalog(config.catalog)
-    server = HarnessFlightServer(catalog, config)
+    try:
+        server = HarnessFlightServer(catalog, config)
+    except ValueError as e:  # a setting only the process can check (limits.kinds.<kind>)
+        catalog.close()
+        print(f"harness-gateway serve: {args.config or 'the config'}: {e}", file=sys.stderr)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -78,12 +88,16 @@ class _JsonFormatter(logging.Formatter):
 
 
 def maintain(args: argparse.Namespace) -> int:
-    from flight_gateway.maintenance import run_once
+    from flight_gateway.core.maintenance import run_once
+    from flight_gateway.core.secrets import SecretResolver
 
+    # The gateway config's secrets allow-list, when given (else the default HARNESS_SECRET_*).
+    names = GatewayConfig.load(args.config).secret_names if args.config else None
+    secrets = SecretResolver(names) if names is not None else SecretResolver()
     catalog = Catalog(args.catalog)
     try:
         while True:
-            report = run_once(catalog, grace_s=args.grace)
+            report = run_once(catalog, grace_s=args.grace, secrets=secrets)
             print(json.dumps(report.to_json()), flush=True)
             if not args.loop:
                 return 0
@@ -104,6 +118,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "maintain", help="retention, file cleanup and Iceberg expiry that respect pinned versions"
     )
     p.add_argument("--catalog", required=True, help="catalog URL")
+    p.add_argument("--config", help="the gateway config (its secrets allow-list)")
     p.add_argument("--loop", type=float, help="repeat every SECONDS (default: one pass)")
     p.add_argument(
         "--grace", type=float, default=3600.0, help="keep unreferenced files younger than this (s)"

@@ -1,11 +1,14 @@
 """Wire protocol: read descriptors, tickets, action names and bodies, typed results, errors.
 
-Knows nothing below it (no catalog, no planners). See docs/protocol.md.
+The bottom layer of the project: imports nothing of it (no catalog, no planners, no core), only
+pyarrow and protobuf, and those lazily where a module's callers may not need them (the error
+tree, ``errors``, imports neither; the Flight mapping of errors is ``flight_errors``). See
+docs/protocol.md.
 """
 
+from flight_gateway.protocol.actions import ACTIONS
 from flight_gateway.protocol.describe import CommitRecord, FieldInfo, SourceInfo, TableInfo
-from flight_gateway.protocol.errors import from_flight_error, to_flight_error
-from flight_gateway.protocol.messages import ACTIONS, PROTOCOL_VERSION, ReadRequest, decode_json
+from flight_gateway.protocol.messages import PROTOCOL_VERSION, ReadRequest, decode_json
 from flight_gateway.protocol.tickets import TICKET_VERSION, TicketPayload, TicketSigner
 
 __all__ = [
@@ -20,6 +23,4 @@ __all__ = [
     "TicketPayload",
     "TicketSigner",
     "decode_json",
-    "from_flight_error",
-    "to_flight_error",
 ]

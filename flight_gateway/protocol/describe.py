@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flight_gateway.errors import NotFound
+from flight_gateway.protocol.errors import NotFound
 
 
 @dataclass(frozen=True)

@@ -1,102 +1,105 @@
-"""Harness errors <-> Flight errors.
+"""Typed errors shared by every layer.
 
-pyarrow's Python Flight server can emit INVALID_ARGUMENT, NOT_FOUND, UNAUTHENTICATED,
-PERMISSION_DENIED, UNAVAILABLE, UNIMPLEMENTED and INTERNAL, but no Arrow status maps to gRPC
-FAILED_PRECONDITION or ALREADY_EXISTS. Those travel as FlightServerError (gRPC UNKNOWN) whose
-message starts with ``[FAILED_PRECONDITION]`` / ``[ALREADY_EXISTS]`` and whose ``extra_info`` is
-``{"code": ...}``; the Python client turns them back into typed errors.
+Each error names what went wrong and where (table, source, lock). The server maps them to
+Flight status codes (see ``flight_gateway.app``); nothing here imports pyarrow.flight, so
+the catalog and the planners can raise them without knowing about the wire.
 """
 
 from __future__ import annotations
 
-import json
-
-import pyarrow as pa
-import pyarrow.flight as fl
-
-from flight_gateway import errors as E
-
-_BY_STATUS: dict[str, type[E.HarnessError]] = {
-    "INVALID_ARGUMENT": E.InvalidArgument,
-    "NOT_FOUND": E.NotFound,
-    "ALREADY_EXISTS": E.AlreadyExists,
-    "FAILED_PRECONDITION": E.Conflict,
-    "UNAUTHENTICATED": E.Unauthenticated,
-    "UNAUTHORIZED": E.Unauthorized,
-    "UNAVAILABLE": E.Unavailable,
-    "RESOURCE_EXHAUSTED": E.ResourceExhausted,
-}
+import re
 
 
-def to_flight_error(err: E.HarnessError) -> Exception:
-    msg = str(err)
-    if isinstance(err, E.InvalidArgument):
-        return pa.ArrowInvalid(msg)
-    if isinstance(err, E.NotFound):
-        return pa.ArrowKeyError(msg)
-    if isinstance(err, E.Unauthenticated):
-        return fl.FlightUnauthenticatedError(msg)
-    if isinstance(err, E.Unauthorized):
-        return fl.FlightUnauthorizedError(msg)
-    if isinstance(err, E.Unavailable):
-        return fl.FlightUnavailableError(msg)
-    if isinstance(err, E.TimedOut):
-        return fl.FlightTimedOutError(msg)
-    kind = (
-        "lock_expired"
-        if isinstance(err, E.LockExpired)
-        else "lock_unavailable"
-        if isinstance(err, E.LockUnavailable)
-        else "busy"
-        if isinstance(err, E.Busy)
-        else ""
-    )
-    info = json.dumps({"code": err.status, "kind": kind}).encode()
-    return fl.FlightServerError(f"[{err.status}] {msg}", info)
+class HarnessError(Exception):
+    """Base class of every error the harness raises on purpose."""
+
+    #: gRPC/Flight status name the server uses for this error.
+    status = "INTERNAL"
 
 
-def is_busy(exc: BaseException) -> bool:
-    """A refusal by a concurrency limit (``errors.Busy``): the call did nothing yet."""
-    if isinstance(exc, E.Busy):
-        return True
-    info = getattr(exc, "extra_info", None)
-    return isinstance(exc, fl.FlightServerError) and b'"kind": "busy"' in bytes(info or b"")
+class InvalidArgument(HarnessError):
+    """Bad input: malformed request, unknown column, unsafe schema change, bad filter."""
+
+    status = "INVALID_ARGUMENT"
 
 
-def _clean(msg: str) -> str:
-    # pyarrow appends ". Detail: Python exception: ..." / gRPC details to server messages.
-    for marker in (". Detail: ", ". gRPC client debug context"):
-        if marker in msg:
-            msg = msg.split(marker)[0]
-    return msg
+class NotFound(HarnessError):
+    """Unknown table, source, version or lock."""
+
+    status = "NOT_FOUND"
 
 
-def from_flight_error(exc: Exception) -> Exception:
-    """The typed harness error a Flight error stands for (or ``exc`` itself)."""
-    msg = _clean(str(exc))
-    if isinstance(exc, fl.FlightServerError):
-        for status, cls in _BY_STATUS.items():
-            prefix = f"[{status}] "
-            if prefix in msg:
-                text = msg.split(prefix, 1)[1]
-                if status == "RESOURCE_EXHAUSTED" and is_busy(exc):
-                    return E.Busy(text)
-                if status == "FAILED_PRECONDITION":
-                    if "lock_expired" in str(getattr(exc, "extra_info", b"")):
-                        return E.LockExpired(text)
-                    if "lock_unavailable" in str(getattr(exc, "extra_info", b"")):
-                        return E.LockUnavailable(text)
-                return cls(text)
-    if isinstance(exc, fl.FlightUnauthenticatedError):
-        return E.Unauthenticated(msg)
-    if isinstance(exc, fl.FlightUnauthorizedError):
-        return E.Unauthorized(msg)
-    if isinstance(exc, fl.FlightUnavailableError):
-        return E.Unavailable(msg)
-    if isinstance(exc, fl.FlightTimedOutError):
-        return E.TimedOut(msg)
-    if isinstance(exc, pa.ArrowInvalid):
-        return E.InvalidArgument(msg)
-    if isinstance(exc, (pa.ArrowKeyError, KeyError)):
-        return E.NotFound(msg.strip("'\""))
-    return exc
+class AlreadyExists(HarnessError):
+    """A table or source with that name already exists."""
+
+    status = "ALREADY_EXISTS"
+
+
+class Conflict(HarnessError):
+    """A compare-and-set failed or a source is held by another writer's lock."""
+
+    status = "FAILED_PRECONDITION"
+
+
+class LockExpired(Conflict):
+    """A commit or renewal used a lock that expired, was released or was superseded."""
+
+
+class LockUnavailable(Conflict):
+    """A lock could not be granted within the requested wait."""
+
+
+class Unauthenticated(HarnessError):
+    status = "UNAUTHENTICATED"
+
+
+class Unauthorized(HarnessError):
+    status = "UNAUTHORIZED"
+
+
+class Unavailable(HarnessError):
+    """A source or service the request needs cannot be reached."""
+
+    status = "UNAVAILABLE"
+
+
+class TimedOut(HarnessError):
+    """A call ran past a configured time limit (an SQL statement's ``limits.sql_timeout_s``)."""
+
+    status = "DEADLINE_EXCEEDED"
+
+
+class ResourceExhausted(HarnessError):
+    """A limit was reached: a request too large, or too many calls at once (``Busy``)."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
+class Busy(ResourceExhausted):
+    """Every slot of a concurrency limit is taken: the call was refused before it did anything,
+    so the same call succeeds later (the Python client waits and retries it)."""
+
+
+_CONTENT = [
+    # CSV: "Row #3: Expected 2 columns, got 1: <the line>"
+    (re.compile(r"(Expected \d+ columns?, got \d+)\s*:.*", re.DOTALL), r"\1"),
+    # CSV/JSON conversions: "invalid value 'abc'", "Invalid value: xyz"
+    (re.compile(r"(invalid value)\s*('[^']*'|\"[^\"]*\"|:\s*\S.*)", re.IGNORECASE), r"\1"),
+    # Casts: "Failed to parse string: 'abc' as a scalar of type int64"
+    (re.compile(r"(string)\s*:\s*'[^']*'", re.IGNORECASE), r"\1"),
+    # Parsers quoting the text they stopped at: "... near 'text'", "... at: text"
+    (
+        re.compile(r"(\b(?:near|at|got|found|token)\b)\s*'[^']*'", re.IGNORECASE),
+        r"\1 (text withheld)",
+    ),
+]
+
+
+def without_content(message: str) -> str:
+    """A reader's error message with any quoted file content removed: the position and the
+    reason stay (``Row #3: Expected 2 columns, got 1``), the offending line or value goes. Used
+    for every error a source reader raises, so a file the caller should not see cannot be read
+    back through error messages."""
+    for pattern, repl in _CONTENT:
+        message = pattern.sub(repl, message)
+    return message

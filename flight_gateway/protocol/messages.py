@@ -1,4 +1,4 @@
-"""Read descriptors and action names/bodies (JSON, UTF-8)."""
+"""Read descriptors and action bodies (JSON, UTF-8); the actions themselves are ``actions``."""
 
 from __future__ import annotations
 
@@ -8,28 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 
 PROTOCOL_VERSION = 1
 
 #: Flight actions of the harness, name -> one-line description (ListActions).
-ACTIONS: dict[str, str] = {
-    "harness.create_table": "create a table: table, schema | arrow_schema, partition_by?, primary_key?, properties?",
-    "harness.drop_table": "drop a table: table",
-    "harness.list_tables": "list table names",
-    "harness.describe": "a table at a version: table, version?, as_of?",
-    "harness.history": "commits, newest first: table, limit?",
-    "harness.lock": "lease a lock on sources: table, sources, owner, ttl_s, wait_s?",
-    "harness.renew_lock": "extend a lease: lock_id, ttl_s?",
-    "harness.unlock": "release a lock: lock_id",
-    "harness.commit": "atomic commit: table, commit_id, lock_id?, fencing_token?, add_sources?, remove_sources?, updates?, external_state?, properties?, summary?",
-    "harness.evolve_schema": "schema change as one commit: table, commit_id, changes",
-    "harness.expire_versions": "retention: table, keep_last? | before?",
-    "harness.public_key": "the key that verifies direct tasks -> public_key (base64url Ed25519)",
-    "harness.begin_write": "start an engine write: table, source? -> write_id, mode, location?",
-    "harness.commit_write": "publish an engine write: table, write_id, source?, paths, overwrite?, relocation?, rows?, lock_id?",
-    "harness.abort_write": "discard an engine write's files: table, write_id, source?",
-}
 
 
 def decode_json(body: bytes | str, what: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ OPERATION = "operation"
 RELOCATION = "relocation"
 
 DOPUT = "doput"
+MOVE = "move"
 DOPUT_INTENT = "doput-intent"
 SPARK_APPEND = "spark-append"
 SPARK_OVERWRITE = "spark-overwrite"
@@ -86,6 +87,15 @@ def moved_from(props: Mapping[str, str]) -> str | None:
     return None
 
 
+def write_properties(commit_id: str, relocation: bool = False) -> dict[str, str]:
+    """Snapshot properties of a harness write: its commit id (a retry finds it) and, for the
+    rows of a move, the relocation mark streaming reads skip."""
+    props = {SNAP_COMMIT_ID: commit_id}
+    if relocation:
+        props[SNAP_RELOCATION] = "true"
+    return props
+
+
 def mover_properties(table: str, hot: str, **details: str) -> dict[str, str]:
     """Snapshot properties of a mover's append (found again by ``moved_from``)."""
     return {
@@ -94,3 +104,9 @@ def mover_properties(table: str, hot: str, **details: str) -> dict[str, str]:
         SNAP_RELOCATION: "true",
         **{f"harness.{k}": v for k, v in details.items()},
     }
+
+
+#: Columns a source computes when it is read (DESIGN §4): never stored, so never moved.
+READ_TIME_COLUMNS = frozenset(
+    {"_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key", "_source"}
+)

@@ -29,15 +29,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.errors import HarnessError
+from flight_gateway.protocol.errors import Conflict, HarnessError, InvalidArgument
 from planners import locations
 from planners.common import conform, physical_names, target_schema
 from planners.kafka import produce
 from planners.kafka.config import META, KafkaConfig, consumer
 from planners.kafka.consume import consume_range
-from planners.kafka.consumers import POOL
+from planners.kafka.consumers import POOL, WAIT_S
 from planners.kafka.decode import Decoder, dead_letter_counts
-from planners.kafka.ranges import bounds, skips, visible, with_range
+from planners.kafka.ranges import bounds, pieces, skips, visible, with_range
 from planners.kind import (
     AppendContext,
     ColumnSpec,
@@ -113,6 +113,23 @@ class KafkaKind(SourceKind):
     dedupe_tier = 2  # the hottest tier: data flows Kafka -> Postgres -> cold formats
     cumulative = True
 
+    def configure_resources(self, settings: Mapping[str, Any]) -> None:
+        """``limits.kinds.kafka``: ``max_consumers`` open at once in the whole process (0: two
+        per core, at least 4) and ``consumer_wait_s`` a read waits for one
+        (``planners.kafka.consumers``)."""
+        unknown = sorted(set(settings) - {"max_consumers", "consumer_wait_s"})
+        if unknown:
+            raise ValueError(f"limits.kinds.kafka: unknown settings {unknown}")
+        limit, wait = settings.get("max_consumers", 0), settings.get("consumer_wait_s", WAIT_S)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"limits.kinds.kafka.max_consumers must be 0 or more, not {limit!r}")
+        if not isinstance(wait, int | float) or isinstance(wait, bool) or not wait > 0:
+            raise ValueError(f"limits.kinds.kafka.consumer_wait_s must be positive, not {wait!r}")
+        POOL.configure(limit, float(wait))
+
+    def resources(self) -> Mapping[str, float]:
+        return {"consumers_open": POOL.open_count()}
+
     def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
         return {"lost": retention_guard(pinned)}
 
@@ -179,8 +196,40 @@ class KafkaKind(SourceKind):
             physical_names(cols, schema.names),
         )
 
+    def pieces(
+        self, source: SourceRef, stored: Sequence[Mapping[str, Any]]
+    ) -> list[Mapping[str, Any]]:
+        """Offset ranges cut at chunk boundaries and where stored pieces end
+        (``planners.kafka.ranges.pieces``)."""
+        return list(pieces(source.name, source.state, stored))
+
     def append(self, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]:
         return produce.append(self.parse_config(ctx.source), ctx, rows)
+
+    def drain(
+        self,
+        ctx: AppendContext,
+        moved: Mapping[str, Any],
+        rows: pa.Table,
+        key: Sequence[str],
+        partial: bool,
+    ) -> dict[str, Any]:
+        """The moved range ``[low, high)`` leaves the partition's range: ``low`` becomes the
+        moved ``high``; messages produced since (a higher ``high``) stay."""
+        name = ctx.source.name
+        if partial:
+            raise InvalidArgument(
+                f"source {name!r}: a Kafka partition moves whole offset ranges; drop 'where'"
+            )
+        low, high = bounds(name, moved)
+        now_low, now_high = bounds(name, ctx.source.state)
+        if now_low == high:
+            return dict(ctx.source.state)  # drained already (a repeated move)
+        if now_low != low:
+            raise Conflict(
+                f"source {name!r}: its range starts at {now_low}, not at the moved {low}"
+            )
+        return with_range(ctx.source.state, high, max(now_high, high))
 
 
 def _offset_for_time(config: KafkaConfig, ms: int, low: int) -> int:

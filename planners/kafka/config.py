@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.kind import SourceConfig
 
 # librdkafka settings a table writer must not choose: they load libraries, run commands, read

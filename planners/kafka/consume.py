@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from flight_gateway.errors import Unavailable
+from flight_gateway.protocol.errors import Unavailable
 from planners.kafka.config import KafkaConfig, consumer
 from planners.kafka.consumers import POOL
 

@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flight_gateway.errors import Busy, ResourceExhausted
+from flight_gateway.protocol.errors import Busy, ResourceExhausted
 
 log = logging.getLogger(__name__)
 
 
-#: How long a read waits for a consumer before it is refused (``limits.kafka_consumer_wait_s``).
+#: How long a read waits for a consumer before it is refused (``limits.kinds.kafka.consumer_wait_s``).
 WAIT_S = 60.0
 
 
@@ -79,8 +79,8 @@ class ConsumerPool:
         self._parked: dict[Lease, float] = {}
 
     def configure(self, limit: int = 0, wait_s: float = WAIT_S) -> None:
-        """The gateway's ``limits.max_kafka_consumers`` (0: ``default_limit()``) and
-        ``kafka_consumer_wait_s``."""
+        """The gateway's ``limits.kinds.kafka``: ``max_consumers`` (0: ``default_limit()``) and
+        ``consumer_wait_s``."""
         with self._cond:
             self.limit = limit or default_limit()
             self.wait_s = wait_s
@@ -157,7 +157,7 @@ class ConsumerPool:
 
     def _refusal(self, lease: Lease, first: bool) -> ResourceExhausted:
         where = f"all {self.limit} Kafka consumers of the gateway are in use"
-        hint = "(limits.max_kafka_consumers, kafka_consumer_wait_s)"
+        hint = "(limits.kinds.kafka: max_consumers, consumer_wait_s)"
         if first:  # nothing read yet: the same call succeeds later
             return Busy(f"{lease.what}: {where} for {self.wait_s:g}s {hint}; retry later")
         return ResourceExhausted(

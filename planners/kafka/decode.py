@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from flight_gateway.errors import InvalidArgument, Unavailable
+from flight_gateway.protocol.errors import InvalidArgument, Unavailable
 from planners.kafka.config import META, KafkaConfig
 from planners.kind import ColumnSpec
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.errors import Unavailable
+from flight_gateway.protocol.errors import Unavailable
 from planners.kafka.config import KafkaConfig
 from planners.kafka.consume import consume_range, scan_tail
 from planners.kafka.ranges import Range, bounds, merge, runs, visible, with_range

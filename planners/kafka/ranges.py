@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 
 Range = tuple[int, int]
 
@@ -97,4 +97,43 @@ def with_range(
     out.pop("skip", None)
     if clipped:
         out["skip"] = [[a, b] for a, b in clipped]
+    return out
+
+
+#: Offsets per aligned chunk of a materialized range (``pieces``).
+CHUNK = 1 << 18
+
+
+def pieces(
+    name: str, state: Mapping[str, Any], stored: Iterable[Mapping[str, Any]], chunk: int = CHUNK
+) -> list[dict[str, Any]]:
+    """``state``'s range cut into pieces to materialize (``planners.layout.Slices``): never
+    across a multiple of ``chunk``; a piece already stored (same range, same skips inside) is
+    reused, the longest first, so a range that grew by some messages needs one new piece with
+    just those. A chunk the range covers whole is one piece (made once, then preferred over the
+    smaller pieces earlier versions left in it)."""
+    low, high = bounds(name, state)
+    skip = skips(name, state)
+
+    def piece(a: int, b: int) -> dict[str, Any]:
+        inside = [[max(x, a), min(y, b)] for x, y in skip if x < b and y > a]
+        return {"low": a, "high": b, **({"skip": inside} if inside else {})}
+
+    have: dict[int, set[int]] = {}
+    for s in stored:
+        a, b = s.get("low"), s.get("high")
+        if not (isinstance(a, int) and isinstance(b, int)):
+            continue
+        if _offset(a) and _offset(b) and a < b and dict(s) == piece(a, b):
+            have.setdefault(a, set()).add(b)
+    out, at = [], low
+    while at < high:
+        boundary = (at // chunk + 1) * chunk
+        end = min(high, boundary)
+        if not (at % chunk == 0 and end == boundary):  # not a whole chunk: reuse what fits
+            fits = [b for b in have.get(at, ()) if b <= end]
+            # the longest stored piece from here, else up to where one starts (to reuse it)
+            end = max(fits) if fits else min([a for a in have if at < a < end] + [end])
+        out.append(piece(at, end))
+        at = end
     return out

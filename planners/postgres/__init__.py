@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from flight_gateway.errors import InvalidArgument, NotFound, Unavailable
+from flight_gateway.protocol.errors import InvalidArgument, NotFound, Unavailable
 from planners import locations
 from planners.common import (
     apply_residual,
@@ -328,6 +328,7 @@ def _engine_output(name: str, data_type: str) -> str:
 
 class PostgresKind(SourceKind):
     config_model = PostgresConfig
+    keyed_store = True
     dedupe_tier = 1  # between Kafka (hotter) and the cold formats
     cumulative = False  # movers write and delete rows: streaming compares commit by commit
 
@@ -504,6 +505,30 @@ class PostgresKind(SourceKind):
             config, ctx.source.name, ctx.commit_id, upserts, deletes, ctx.aliases, key
         )
         return {**ctx.source.state, "as_of": as_of}
+
+    def drain(
+        self,
+        ctx: AppendContext,
+        moved: Mapping[str, Any],
+        rows: pa.Table,
+        key: Sequence[str],
+        partial: bool,
+    ) -> dict[str, Any]:
+        """The moved rows leave the table (deleted by key, each only if unchanged since the
+        moved ``as_of``); the next ``as_of`` is after the deletion."""
+        from planners.postgres.writes import drain_rows
+
+        name = ctx.source.name
+        if not key:
+            raise InvalidArgument(f"source {name!r}: rows move out of PostgreSQL by primary key")
+        as_of = moved.get("as_of")
+        if not isinstance(as_of, str):
+            raise InvalidArgument(f"source {name!r}: the moved state has no 'as_of'")
+        config: PostgresConfig = self.parse_config(ctx.source)
+        next_as_of = drain_rows(
+            config, name, f"{ctx.commit_id}:drain", rows, as_of, ctx.aliases, key
+        )
+        return {**ctx.source.state, "as_of": next_as_of}
 
     def apply_additive(self, source: SourceRef, changes: Sequence[Additive]) -> None:
         from planners.postgres.writes import alter_tables

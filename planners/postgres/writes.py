@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.common import to_physical
 from planners.kind import Additive
 from planners.postgres import PostgresConfig
@@ -48,19 +48,23 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
     caller holds the source's lock, as the ``as_of`` protocol requires)."""
     import psycopg
 
+    # The log is the database's, shared by every harness table writing into it: an entry names
+    # the table written, so one table's commit id never stands for another's write (two tables
+    # of one catalog, or of two catalogs, may well use the same commit ids and source names).
+    entry = f"{config.qualified()}:{commit_id}"
     with psycopg.connect(config.dsn) as conn:
         ensure_current(conn, config.schema)
         _ensure_log(conn)
         with conn.transaction():
             done = conn.execute(
                 "SELECT 1 FROM harness_doput_log WHERE commit_id = %s AND source = %s",
-                (commit_id, source),
+                (entry, source),
             ).fetchone()
             if done is None:
                 write(conn)
                 conn.execute(
                     "INSERT INTO harness_doput_log (commit_id, source) VALUES (%s, %s)",
-                    (commit_id, source),
+                    (entry, source),
                 )
         return server_now(conn)  # after the rows committed
 
@@ -150,6 +154,39 @@ def merge_rows(
             conn.execute(f"DELETE FROM {config.qualified()} t USING {gone} d WHERE {match}")
         if upserts.num_rows:
             _upsert(conn, config, source, to_physical(upserts, existing, aliases), phys_key)
+
+    return _once(config, source, commit_id, write)
+
+
+def drain_rows(
+    config: PostgresConfig,
+    source: str,
+    commit_id: str,
+    moved: pa.Table,
+    as_of: str,
+    aliases: Mapping[str, tuple[str, ...]],
+    key: Sequence[str],
+) -> str:
+    """Delete the moved rows (their ``key`` columns in ``moved``) once per commit id, each only
+    if its row is still the one visible at ``as_of`` (``lower(sys_period) <= as_of``: a row
+    written since is newer than what was moved, and stays); the versioning triggers keep the
+    deleted rows in history, so the versions that pinned them still read them. Returns the next
+    ``as_of``."""
+
+    def write(conn: Any) -> None:
+        if not moved.num_rows:
+            return
+        existing = _existing_columns(conn, config)
+        gone = _staged(
+            conn, config, "harness_drained", to_physical(moved.select(list(key)), existing, aliases)
+        )
+        phys_key = to_physical(pa.table({k: [] for k in key}), existing, aliases).column_names
+        match = " AND ".join(f"t.{quote_ident(k)} = d.{quote_ident(k)}" for k in phys_key)
+        conn.execute(
+            f"DELETE FROM {config.qualified()} t USING {gone} d WHERE {match} "
+            "AND lower(t.sys_period) <= %s::timestamptz",
+            (as_of,),
+        )
 
     return _once(config, source, commit_id, write)
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.predicates import literals as L
 from planners.predicates.ast import FLIP, And, Cmp, Const, Expr, In, IsNull, Not, Or, StartsWith
 from planners.predicates.literals import coerce

@@ -7,7 +7,13 @@ import time
 import pytest
 
 from flight_gateway.catalog import Catalog
-from flight_gateway.errors import AlreadyExists, Conflict, InvalidArgument, LockExpired, NotFound
+from flight_gateway.protocol.errors import (
+    AlreadyExists,
+    Conflict,
+    InvalidArgument,
+    LockExpired,
+    NotFound,
+)
 
 SCHEMA = [
     {"name": "id", "type": "int64", "nullable": False},
@@ -308,7 +314,7 @@ def test_reopen_and_newer_catalog_schema(catalog_url: str) -> None:
     from sqlalchemy import update
 
     from flight_gateway.catalog.db import SCHEMA_VERSION, catalog_info
-    from flight_gateway.errors import HarnessError
+    from flight_gateway.protocol.errors import HarnessError
 
     with Catalog(catalog_url) as a:
         a.create_table("t", SCHEMA)

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from flight_gateway.catalog import Catalog
-from flight_gateway.errors import Conflict
+from flight_gateway.protocol.errors import Conflict
 from tests.catalog.workers import commit_many
 
 N_WRITERS = 16

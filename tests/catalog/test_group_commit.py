@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from flight_gateway.catalog import Catalog, CommitResult
-from flight_gateway.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
+from flight_gateway.protocol.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
 from tests.catalog.helpers import table_row_held, wait_groups, wait_queued
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from flight_gateway.catalog import Catalog, LockInfo
-from flight_gateway.errors import Conflict, InvalidArgument
+from flight_gateway.protocol.errors import Conflict, InvalidArgument
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from flight_gateway.catalog import Catalog
-from flight_gateway.errors import InvalidArgument, LockExpired, LockUnavailable, NotFound
+from flight_gateway.protocol.errors import InvalidArgument, LockExpired, LockUnavailable, NotFound
 
 
 @pytest.fixture

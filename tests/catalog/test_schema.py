@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from flight_gateway.arrow_types import canonical, is_safe_widening, parse_type
 from flight_gateway.catalog.schema import evolve, new_schema
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.arrow_types import canonical, is_safe_widening, parse_type
+from flight_gateway.protocol.errors import InvalidArgument
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from benchmarks.chaos_load import REGIONS, make_table, rows
 from benchmarks.processes import GatewayProcess
 from clients import HarnessClient
 from flight_gateway.catalog import Catalog
-from flight_gateway.maintenance import run_once
+from flight_gateway.core.maintenance import run_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 #: Seconds of kills in the quick mode of ``make test``; the bench's long mode sets more.

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners import registry
 from planners.kind import Appendable, ReadsDirect, Streams
 from tests.contract.kinds import ADAPTERS, ARROW, SCHEMA, Adapter, Env

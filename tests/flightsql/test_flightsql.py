@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.flightsql.service import pack, pb
+from flight_gateway.protocol.flightsql import pack, pb
 from tests.gateway.helpers import running_gateway
 
 pytestmark = pytest.mark.integration
@@ -147,7 +147,7 @@ def test_primary_keys_and_pruning_in_the_plan(tables: HarnessClient, caplog) -> 
     )
     keys = raw.do_get(info.endpoints[0].ticket).read_all().to_pylist()
     assert [(k["column_name"], k["key_sequence"]) for k in keys] == [("id", 1)]
-    caplog.set_level(logging.INFO, logger="flight_gateway.flightsql.service")
+    caplog.set_level(logging.INFO, logger="flight_gateway.faces.flightsql.service")
     command = pb.CommandStatementQuery(query="SELECT sum(amount) FROM orders WHERE region = 'us'")
     info = raw.get_flight_info(fl.FlightDescriptor.for_command(pack(command)))
     assert raw.do_get(info.endpoints[0].ticket).read_all().column(0).to_pylist() == [45.0]
@@ -266,3 +266,16 @@ def test_writes_are_refused_and_other_commands_unimplemented(tables: HarnessClie
     keys = pack(pb.CommandGetExportedKeys(table="orders"))
     with pytest.raises(NotImplementedError):  # UNIMPLEMENTED
         raw.get_flight_info(fl.FlightDescriptor.for_command(keys))
+
+
+@pytest.mark.parametrize(
+    "query", ["SELECT 1", "", "SELECT 'é' || x FROM t", "x" * 300, "y" * 70000]
+)
+def test_the_clients_statement_bytes_are_protobufs(query: str) -> None:
+    """The thin client builds CommandStatementQuery without protobuf: byte for byte what
+    protobuf serializes, and what the server unpacks."""
+    from flight_gateway.protocol.flightsql import unpack
+    from flight_gateway.protocol.flightsql_command import statement
+
+    assert statement(query) == pack(pb.CommandStatementQuery(query=query))
+    assert unpack(statement(query)).query == query

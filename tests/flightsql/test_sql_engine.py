@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.flightsql.service import pack, pb
+from flight_gateway.protocol.flightsql import pack, pb
 from tests.gateway.helpers import DuckLakeFixture, client_for, running_gateway, versioned_table
 
 pytestmark = pytest.mark.integration

@@ -68,7 +68,7 @@ def test_sources_are_scanned_by_duckdb_and_named_tables_planned_once(
     """Q21 names lineitem three times and Q7 names nation twice: each is planned once; the
     file-based and Postgres sources are scanned by DuckDB, DuckLake through the stream."""
     client, oracle = setup
-    caplog.set_level(logging.INFO, logger="flight_gateway.flightsql.service")
+    caplog.set_level(logging.INFO, logger="flight_gateway.faces.flightsql.service")
     statements = dict(tpch.queries(oracle))
     with flightsql.connect(client.uri, autocommit=True) as conn, conn.cursor() as cur:
         for n in (21, 7):

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from pipelines.movers import KafkaToPostgresMover, PostgresToIcebergMover
+from pipelines.mover import Mover
 from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import IcebergFixture
 from tests.gateway.kafka_helpers import new_topic, produce
@@ -126,7 +126,7 @@ def test_latest_row_per_key_across_tiers(
 
 
 def test_dedupe_needs_a_primary_key(client: HarnessClient) -> None:
-    from flight_gateway.errors import InvalidArgument
+    from flight_gateway.protocol.errors import InvalidArgument
 
     client.create_table("nokey", [{"name": "a", "type": "int64"}])
     with pytest.raises(InvalidArgument, match="primary_key"):
@@ -213,8 +213,8 @@ def test_dedupe_exact_while_movers_run(
             )
         time.sleep(0.05)
 
-    to_pg = KafkaToPostgresMover(client, "t", "k0", "pg", owner="m1", wait_s=30)
-    to_cold = PostgresToIcebergMover(client, "t", "pg", "cold", owner="m2", wait_s=30)
+    to_pg = Mover(client, "t", "k0", "pg", wait_s=30)
+    to_cold = Mover(client, "t", "pg", "cold", wait_s=30)
     checks = [0]
 
     def reader() -> None:

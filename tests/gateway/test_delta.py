@@ -11,7 +11,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from tests.gateway.kafka_helpers import new_topic, produce
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ import pyarrow.flight as fl
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument, Unauthorized
 from flight_gateway.protocol.direct import DirectTask, verify_direct
+from flight_gateway.protocol.errors import InvalidArgument, Unauthorized
 from tests.gateway.helpers import IcebergFixture, client_for, running_gateway, write_parquet
 
 ARROW = pa.schema([("id", pa.int32()), ("name", pa.string()), ("amount", pa.float64())])

@@ -12,7 +12,7 @@ import pyarrow.flight as fl
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import (
+from flight_gateway.protocol.errors import (
     AlreadyExists,
     Conflict,
     InvalidArgument,

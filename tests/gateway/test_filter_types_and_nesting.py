@@ -14,7 +14,7 @@ import pyarrow.flight as fl
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.predicates.parse import MAX_FILTER_DEPTH
 from tests.gateway.helpers import (
     DuckLakeFixture,

@@ -83,7 +83,7 @@ def test_postgres_upsert_writer(client: HarnessClient, pg_dsn: str) -> None:
     client.add_source(
         "t", "pg", "postgres", config={"dsn": pg_dsn, "table": name}, state={"as_of": start}
     )
-    w = PostgresUpsertWriter(client, "t", "pg", pg_dsn, name, ["id"])
+    w = PostgresUpsertWriter(client, "t", "pg")
     v1 = w.write([{"id": 1, "name": "a"}, {"id": 2, "name": "b"}])
     v2 = w.write([{"id": 2, "name": "B"}, {"id": 3, "name": "c"}])
     w.close()

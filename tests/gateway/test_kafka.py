@@ -11,7 +11,7 @@ import time
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from tests.gateway.kafka_helpers import avro_values, json_values, new_topic, produce
 
 pytestmark = pytest.mark.integration

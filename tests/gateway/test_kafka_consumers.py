@@ -14,7 +14,7 @@ import pyarrow.flight as fl
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import Busy
+from flight_gateway.protocol.errors import Busy
 from planners.kafka.consumers import POOL
 from tests.gateway.helpers import client_for, running_gateway
 from tests.gateway.kafka_helpers import json_values, new_topic, produce
@@ -72,7 +72,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> _Counted:
 @pytest.fixture
 def limited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HarnessClient]:
     """A gateway allowing 2 Kafka consumers, which it waits up to 20 s for."""
-    limits = {"max_kafka_consumers": 2, "kafka_consumer_wait_s": 20}
+    limits = {"kinds": {"kafka": {"max_consumers": 2, "consumer_wait_s": 20}}}
     monkeypatch.setattr(POOL, "park_s", 0.3)
     with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", limits=limits) as (server, _):
         assert POOL.limit == 2
@@ -159,7 +159,7 @@ def test_a_read_that_cannot_get_a_consumer_in_time_is_busy(
     limited: HarnessClient, kafka_bootstrap: str
 ) -> None:
     """With both consumers held by reads that are reading (not parked), a read waits
-    ``kafka_consumer_wait_s`` and is refused with RESOURCE_EXHAUSTED, kind busy; it reads once
+    ``consumer_wait_s`` and is refused with RESOURCE_EXHAUSTED, kind busy; it reads once
     one is free. Nothing else in the gateway is affected."""
     _kafka_table(limited, kafka_bootstrap, "k", 100, "m", task=1_000)
     POOL.configure(2, wait_s=0.5)
@@ -169,7 +169,7 @@ def test_a_read_that_cannot_get_a_consumer_in_time_is_busy(
     ):
         a.get(0), b.get(0)
         impatient = HarnessClient(limited.uri, busy_wait_s=0)
-        with pytest.raises(Busy, match=r"limits\.max_kafka_consumers"):
+        with pytest.raises(Busy, match=r"limits\.kinds\.kafka"):
             impatient.read("k")
         impatient.close()
     assert sorted(limited.read("k").column("id").to_pylist()) == list(range(100))

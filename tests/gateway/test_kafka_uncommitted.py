@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.kafka.produce import tag
 from planners.kafka.ranges import skips, visible, with_range
 from tests.gateway.helpers import IcebergFixture
@@ -73,7 +73,11 @@ def doput_key(gateway: Any) -> bytes:
 def doput_headers(key: bytes, commit_id: bytes, row: int) -> list[tuple[str, bytes]]:
     """The headers a DoPut of ``commit_id`` writes for ``row`` (a dead gateway's, say)."""
     n = b"%d" % row
-    return [("harness.commit-id", commit_id), ("harness.row", n), ("harness.tag", tag(key, commit_id, n))]
+    return [
+        ("harness.commit-id", commit_id),
+        ("harness.row", n),
+        ("harness.tag", tag(key, commit_id, n)),
+    ]
 
 
 def harness_messages(
@@ -175,7 +179,7 @@ def test_a_fenced_writers_interleaved_deliveries_never_surface(
 def test_mover_copies_only_committed_rows(
     gateway: tuple[Any, Any], client: HarnessClient, topic: str, iceberg: IcebergFixture
 ) -> None:
-    from pipelines.movers import KafkaToIcebergMover
+    from pipelines.mover import Mover
 
     _, catalog = gateway
     iceberg.create("cold", pa.schema([("id", pa.int64()), ("v", pa.string())]))
@@ -188,7 +192,7 @@ def test_mover_copies_only_committed_rows(
         client.put("t", rows(100, 104), commit_id="x", source="k")
     catalog.commit = real
     client.put("t", rows(3, 5), commit_id="y", source="k")
-    KafkaToIcebergMover(client, "t", "k", "cold", owner="mover", wait_s=30).run_once()
+    Mover(client, "t", "k", "cold", wait_s=30).run_once()
     assert ids(client) == list(range(5))
     assert iceberg.catalog.load_table("db.cold").scan().to_arrow().num_rows == 5
     assert client.describe("t").source("k").state == {"low": 9, "high": 9}

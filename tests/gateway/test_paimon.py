@@ -10,7 +10,7 @@ import pytest
 from pypaimon import CatalogFactory, Schema
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from tests.gateway.kafka_helpers import new_topic, produce
 
 pytestmark = pytest.mark.integration

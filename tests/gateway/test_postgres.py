@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.postgres.versioning import enable_versioning, server_now
 
 pytestmark = pytest.mark.integration

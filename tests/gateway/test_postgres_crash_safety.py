@@ -258,7 +258,7 @@ def test_older_installation_is_upgraded_in_place(
         elif how == "doput":
             client.put(table, pa.table({"id": [11], "name": ["put"], "qty": [11]}))
         else:
-            from flight_gateway.maintenance import run_once
+            from flight_gateway.core.maintenance import run_once
 
             _server, catalog = gateway
             report = run_once(catalog, grace_s=3600)
@@ -288,7 +288,7 @@ def test_installed_plpgsql_never_assigns_to_rows_it_did_not_form() -> None:
     """The review of issue 20 as a guard: no function the harness installs (in a user's database
     or in its catalog) assigns to ``OLD`` or to a field of a record variable; trigger functions
     assign only to ``NEW`` fields."""
-    from flight_gateway.catalog.commit import postgres_sql
+    from flight_gateway.catalog import pg_functions as postgres_sql
     from planners.postgres import versioning
 
     for text in (versioning._FUNCTION, postgres_sql.COMMIT_FUNCTION_V1,

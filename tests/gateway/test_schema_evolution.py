@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import Unavailable
+from flight_gateway.protocol.errors import Unavailable
 from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import DuckLakeFixture, IcebergFixture
 from tests.gateway.kafka_helpers import json_values, new_topic, produce

@@ -18,7 +18,7 @@ import pyarrow.orc as orc
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.local_kafka import free_port
+from flight_gateway.local.kafka import free_port
 
 DATA = pa.table({"id": pa.array(range(20), pa.int64()), "name": [f"n{i}" for i in range(20)]})
 SCHEMA = [{"name": "id", "type": "int64"}, {"name": "name", "type": "string"}]

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import IcebergFixture
 

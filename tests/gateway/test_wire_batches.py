@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from clients import HarnessClient
-from flight_gateway.server.errors import WIRE_BATCH_BYTES, wire_sized
+from flight_gateway.faces.flight.errors import WIRE_BATCH_BYTES, wire_sized
 from tests.gateway.helpers import write_parquet
 
 N = 65_536 * 3

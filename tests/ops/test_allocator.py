@@ -1,4 +1,4 @@
-"""glibc malloc settings of a gateway process (``flight_gateway.allocator``), checked in a child
+"""glibc malloc settings of a gateway process (``flight_gateway.protocol.allocator``), checked in a child
 process so that this test run's own allocator is left as it is."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import ctypes, threading
-from flight_gateway.allocator import trim_periodically, tune_for_flight
+from flight_gateway.protocol.allocator import trim_periodically, tune_for_flight
 assert tune_for_flight() and trim_periodically(every_s=0.05)
 assert trim_periodically()  # once per process
 buf = [ctypes.create_string_buffer(1 << 16) for _ in range(2000)]  # 128 MB, then freed
@@ -38,7 +38,7 @@ def test_a_gateway_process_trims_malloc_periodically() -> None:
 def test_no_trimming_without_the_tuning() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_MALLOC_TUNING": "0"}
     code = (
-        "from flight_gateway.allocator import trim_periodically, tune_for_flight\n"
+        "from flight_gateway.protocol.allocator import trim_periodically, tune_for_flight\n"
         "assert not tune_for_flight() and not trim_periodically()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -54,8 +54,8 @@ def test_a_busy_gateway_stays_within_its_malloc_arenas(tmp_path: Path) -> None:
 
     from benchmarks.processes import GatewayProcess
     from clients import HarnessClient
-    from flight_gateway.allocator import ARENA_MAX
-    from flight_gateway.local_kafka import free_port
+    from flight_gateway.local.kafka import free_port
+    from flight_gateway.protocol.allocator import ARENA_MAX
 
     gw = GatewayProcess(f"sqlite:///{tmp_path / 'c.db'}", tmp_path, metrics_port=free_port())
     gw.start()

@@ -1,5 +1,5 @@
 """The test session brings its own PostgreSQL when none answers, and never touches one that does
-(DESIGN §20, flight_gateway/local_postgres.py).
+(DESIGN §20, flight_gateway/local/postgres.py).
 
 Each case runs a real test session (a Postgres test module under pytest, in a subprocess) with
 its own services directory, so what it starts, and what it leaves behind, can be seen there.
@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flight_gateway import local_postgres
+from flight_gateway.local import postgres as local_postgres
 from tests.services import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -105,7 +105,7 @@ def test_the_last_user_stops_a_shared_server(
     dsn = _dsn(local_postgres._free_port())
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys\nfrom flight_gateway.local_postgres import session_server\n"
+         "import sys\nfrom flight_gateway.local.postgres import session_server\n"
          f"with session_server({dsn!r}) as r:\n    print(r.how, flush=True)\n    sys.stdin.read()"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -149,7 +149,7 @@ def test_the_same_path_as_an_ordinary_user(services: Path) -> None:
 
     def run(command: str) -> str:
         out = subprocess.run(
-            [*as_nobody, sys.executable, "-m", "flight_gateway.local_postgres", command],
+            [*as_nobody, sys.executable, "-m", "flight_gateway.local.postgres", command],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr

@@ -16,8 +16,8 @@ import pytest
 
 from clients import HarnessClient
 from flight_gateway.catalog import Catalog
-from flight_gateway.maintenance import run_once
-from pipelines.movers import KafkaToIcebergMover
+from flight_gateway.core.maintenance import run_once
+from pipelines.mover import Mover
 from tests.gateway.helpers import IcebergFixture
 from tests.gateway.kafka_helpers import new_topic, produce
 
@@ -73,7 +73,7 @@ def test_maintenance_keeps_every_retained_version_readable(
     failures: list[BaseException] = []
 
     def mover() -> None:
-        m = KafkaToIcebergMover(client, "t", "k", "ice", owner="mover")
+        m = Mover(client, "t", "k", "ice")
         try:
             while not stop.is_set():
                 m.run_once()

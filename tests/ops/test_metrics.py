@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import Conflict, Unauthenticated
+from flight_gateway.protocol.errors import Conflict, Unauthenticated
 from tests.gateway.helpers import running_gateway
 
 
@@ -83,5 +83,7 @@ def test_memory_gauges_say_where_the_memory_is(tmp_path: Path) -> None:
         assert _value(scraped, "harness_arrow_allocated_bytes") >= held.nbytes
         assert _value(scraped, "harness_malloc_bytes", state="in_use") > 0
         assert _value(scraped, "harness_threads") >= threading.active_count()
-        assert _value(scraped, "harness_kafka_consumers_open") == 0
+        assert (
+            _value(scraped, "harness_kind_resources", kind="kafka", resource="consumers_open") == 0
+        )
         del held

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from flight_gateway import tracing
+from flight_gateway.core import tracing
 from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import IcebergFixture, client_for, running_gateway, write_parquet
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.expressions import EqualTo, GreaterThanOrEqual
 
-from flight_gateway.errors import Unauthorized
+from flight_gateway.protocol.errors import Unauthorized
 from planners import iceberg_manifests, locations
 from planners.iceberg_io import GUARD_PROPERTY, GuardedFileIO
 from planners.iceberg_mor import plan

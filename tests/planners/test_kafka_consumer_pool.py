@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from flight_gateway.errors import Busy, ResourceExhausted
+from flight_gateway.protocol.errors import Busy, ResourceExhausted
 from planners.kafka.consumers import ConsumerPool
 
 

@@ -21,7 +21,9 @@ from planners.kind import (
     Appendable,
     AppendContext,
     ColumnSpec,
+    Drains,
     EvolvesSchema,
+    Merges,
     ScanRequest,
     SourceKind,
     SourceRef,
@@ -54,21 +56,21 @@ def read_all(kind: SourceKind, req: ScanRequest) -> list[int]:
 
 
 def test_capabilities_are_what_each_kind_declares() -> None:
+    capabilities = (Appendable, AdoptsFiles, EvolvesSchema, Streams, Merges, Drains)
+    kinds = ("files", "iceberg", "ducklake", "flight", "kafka", "postgres", "delta", "paimon")
     caps = {
-        name: {
-            c.__name__
-            for c in (Appendable, AdoptsFiles, EvolvesSchema, Streams)
-            if isinstance(registry.get_kind(name), c)
-        }
-        for name in ("files", "iceberg", "ducklake", "flight", "kafka", "postgres")
+        name: {c.__name__ for c in capabilities if isinstance(registry.get_kind(name), c)}
+        for name in kinds
     }
     assert caps == {
         "files": {"Appendable", "AdoptsFiles", "Streams"},
-        "iceberg": {"Appendable", "AdoptsFiles", "EvolvesSchema", "Streams"},
-        "ducklake": {"EvolvesSchema"},
+        "iceberg": {"Appendable", "AdoptsFiles", "EvolvesSchema", "Merges", "Streams"},
+        "ducklake": {"Appendable", "EvolvesSchema", "Merges"},  # a move's cold side
         "flight": set(),
-        "kafka": {"Appendable", "Streams"},
-        "postgres": {"Appendable", "EvolvesSchema", "Streams"},
+        "kafka": {"Appendable", "Drains", "Streams"},
+        "postgres": {"Appendable", "Drains", "EvolvesSchema", "Merges", "Streams"},
+        "delta": {"Appendable", "EvolvesSchema", "Streams"},
+        "paimon": {"Appendable", "EvolvesSchema", "Streams"},
     }
     assert [registry.get_kind(k).dedupe_tier for k in ("kafka", "postgres", "files")] == [2, 1, 0]
 

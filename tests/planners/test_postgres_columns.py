@@ -13,7 +13,7 @@ import adbc_driver_postgresql.dbapi as adbc
 import psycopg
 import pytest
 
-from flight_gateway.errors import NotFound
+from flight_gateway.protocol.errors import NotFound
 from planners.postgres import PostgresConfig, _columns
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.predicates import can_match, parse_filter, to_arrow, to_sql
 from planners.predicates.ast import And, Between, Cmp, In, Not, Or
 from planners.predicates.iceberg import to_iceberg

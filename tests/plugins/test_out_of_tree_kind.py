@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners import registry
 
 SCHEMA = [

@@ -19,10 +19,10 @@ import pyarrow.flight as fl
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import ResourceExhausted
-from flight_gateway.protocol import from_flight_error
-from flight_gateway.server import GatewayConfig, HarnessFlightServer
-from flight_gateway.server.config import Limits
+from flight_gateway.app import GatewayConfig, HarnessFlightServer
+from flight_gateway.core.config import Limits
+from flight_gateway.protocol.errors import ResourceExhausted
+from flight_gateway.protocol.flight_errors import from_flight_error
 from tests.gateway.helpers import client_for, running_gateway, write_parquet
 
 SCHEMA = [{"name": "id", "type": "int64"}]
@@ -104,7 +104,7 @@ def held_upload(gw: Gw, token: str, name: str, commit_id: str) -> Iterator[None]
     writer, reply = client.do_put(descriptor(commit_id), pa.schema([("id", pa.int64())]), opts)
     try:
         writer.write_table(pa.table({"id": [100]}))
-        slots = gw.server.uploads
+        slots = gw.server.core.uploads
         deadline = time.monotonic() + 10
         while slots.in_progress(name) < 1:  # the gateway is now reading this upload
             assert time.monotonic() < deadline, "the held upload never reached the gateway"

@@ -12,14 +12,14 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import (
+from flight_gateway.app import GatewayConfig
+from flight_gateway.protocol.errors import (
     InvalidArgument,
     LockExpired,
     ResourceExhausted,
     Unauthenticated,
     Unauthorized,
 )
-from flight_gateway.server import GatewayConfig
 from tests.gateway.helpers import client_for, running_gateway, write_parquet
 
 SCHEMA = [{"name": "id", "type": "int64"}, {"name": "v", "type": "string"}]
@@ -339,7 +339,7 @@ def test_lock_wait_is_bounded(tmp_path: Path) -> None:
 def test_doput_checks_permission_before_reading_the_upload(tmp_path: Path) -> None:
     with secure(tmp_path) as c:
         files_table(c, tmp_path)
-        from flight_gateway.server import ingest
+        from flight_gateway.core.write import ingest
 
         reads: list[int] = []
         real = ingest.read_upload

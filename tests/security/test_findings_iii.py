@@ -17,7 +17,7 @@ import sqlglot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from tests.gateway.helpers import client_for, running_gateway
 
 # ---------------------------------------------------------------- 12. table functions, twice
@@ -35,7 +35,7 @@ from tests.gateway.helpers import client_for, running_gateway
 def test_duckdb_refuses_table_functions_without_the_first_check(sql: str) -> None:
     """sqlglot's check refuses table functions; DuckDB's own parse of what runs refuses them
     too, so a statement the first parse misreads still cannot call one."""
-    from flight_gateway.flightsql import query
+    from flight_gateway.faces.flightsql import query
 
     tree: Any = sqlglot.parse_one(sql, read="duckdb")  # not through query.table_refs
     rewritten = tree.sql("duckdb").replace(" t", " __harness_0", 1)
@@ -59,7 +59,7 @@ def _like_by_regex(pattern: str, value: str) -> bool:
     st.text(alphabet="abc", max_size=10),
 )
 def test_like_agrees_with_the_regex_it_replaces(pattern: str, value: str) -> None:
-    from flight_gateway.flightsql.metadata import sql_like
+    from flight_gateway.faces.flightsql.metadata import sql_like
 
     assert sql_like(pattern, value) == _like_by_regex(pattern, value)
 
@@ -67,7 +67,7 @@ def test_like_agrees_with_the_regex_it_replaces(pattern: str, value: str) -> Non
 @pytest.mark.timeout(30)
 def test_a_pattern_of_many_percent_signs_is_answered_at_once(tmp_path: Path) -> None:
     """11 ``%`` took 1.8 s through GetTables, each further one 3.6x more: 40 would not finish."""
-    from flight_gateway.flightsql.service import pack, pb
+    from flight_gateway.protocol.flightsql import pack, pb
 
     pattern = "%a" * 40 + "%b"
     with running_gateway(f"sqlite:///{tmp_path / 'c.db'}") as (server, _):
@@ -103,7 +103,7 @@ def test_source_names_are_matched_whole(client: Any, tmp_path: Path) -> None:
 
 
 def test_binding_parameters_does_not_renew_a_handle() -> None:
-    from flight_gateway.flightsql.handles import HandleSealer
+    from flight_gateway.faces.flightsql.handles import HandleSealer
 
     sealer = HandleSealer(b"k" * 32, ttl_s=10)
     sealed = sealer.seal({"sql": "SELECT 1", "who": "a"}, now=1000.0)
@@ -156,7 +156,7 @@ def _no_internal(call: Any) -> BaseException | None:
 def test_odd_flight_sql_type_urls_are_refused_plainly(client: Any) -> None:
     from google.protobuf import any_pb2
 
-    from flight_gateway.flightsql.service import pb
+    from flight_gateway.protocol.flightsql import pb
 
     raw = fl.FlightClient(client.uri)
     names = [*sorted(n for n in dir(pb) if not n.startswith("__")), "Nope", "a" * 5000]
@@ -173,7 +173,7 @@ def test_odd_flight_sql_type_urls_are_refused_plainly(client: Any) -> None:
 def test_a_prepared_handle_is_not_a_statement_ticket(client: Any, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from flight_gateway.flightsql.service import pack, pb, unpack
+    from flight_gateway.protocol.flightsql import pack, pb, unpack
 
     pq.write_table(pa.table({"id": [1]}), tmp_path / "t.parquet")
     client.create_table("t", [{"name": "id", "type": "int64"}])
@@ -202,11 +202,13 @@ def test_a_prepared_handle_is_not_a_statement_ticket(client: Any, tmp_path: Path
 def test_a_binary_trace_header_does_not_fail_the_call(client: Any) -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from flight_gateway import tracing
+    from flight_gateway.core import tracing
 
     tracing.configure(exporter=InMemorySpanExporter())
     try:
-        options = fl.FlightCallOptions(headers=[(b"grpc-trace-bin", b"\xff\xfe\x00\x80"), (b"x-span-bin", b"\xff\xfe\x80")])
+        options = fl.FlightCallOptions(
+            headers=[(b"grpc-trace-bin", b"\xff\xfe\x00\x80"), (b"x-span-bin", b"\xff\xfe\x80")]
+        )
         raw = fl.FlightClient(client.uri)
         assert list(raw.list_flights(options=options)) == []
         raw.close()
@@ -256,7 +258,7 @@ def _files_table(client: Any, root: Path, name: str, values: list[int]) -> None:
 def test_a_dropped_and_created_table_is_never_served_from_the_first(
     client: Any, tmp_path: Path
 ) -> None:
-    from flight_gateway.errors import NotFound
+    from flight_gateway.protocol.errors import NotFound
 
     _files_table(client, tmp_path / "a", "t", [1, 2, 3])
     assert client.read("t").column("id").to_pylist() == [1, 2, 3]  # cached at version 1
@@ -270,7 +272,7 @@ def test_a_dropped_and_created_table_is_never_served_from_the_first(
 
 
 def test_an_expired_version_is_not_served_from_the_cache(client: Any, tmp_path: Path) -> None:
-    from flight_gateway.errors import NotFound
+    from flight_gateway.protocol.errors import NotFound
 
     _files_table(client, tmp_path / "a", "t", [1])
     for i in range(3):
@@ -321,7 +323,7 @@ def _rest_get(port: int, path: str, authorization: str | None) -> int:
 
 
 def test_an_empty_token_is_refused_at_start_up(tmp_path: Path) -> None:
-    from flight_gateway.server.config import GatewayConfig
+    from flight_gateway.core.config import GatewayConfig
 
     with pytest.raises(ValueError, match="an empty token"):
         GatewayConfig(tokens={"": {"name": "x", "read": ["*"]}}).token_store  # noqa: B018
@@ -347,7 +349,7 @@ def test_rest_takes_bearer_none_and_empty_as_no_token(tmp_path: Path) -> None:
 def test_reach_scoped_to_tables(tmp_path: Path) -> None:
     """Storage granted to ``sales.*`` tables is out of reach of another table's admin; what
     the gateway-wide lists allow stays allowed to every table."""
-    from flight_gateway.errors import Unauthorized
+    from flight_gateway.protocol.errors import Unauthorized
 
     sales, shared = tmp_path / "sales", tmp_path / "shared"
     reach = {"paths": [str(shared)], "tables": {"sales.*": {"paths": [str(sales)]}}}
@@ -362,4 +364,25 @@ def test_reach_scoped_to_tables(tmp_path: Path) -> None:
         with pytest.raises(Unauthorized, match="does not allow"):
             client.add_source("hr.payroll", "f", "files", config={"root": str(sales)},
                               state={"files": ["f.parquet"]})  # fmt: skip
+        client.close()
+
+
+# ---------------------------------------------------------------- 2. REST: identities, not names
+
+
+def test_rest_never_serves_a_dropped_tables_rows(tmp_path: Path) -> None:
+    from pyiceberg.catalog.rest import RestCatalog
+
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", iceberg_rest_port=0) as (server, _):
+        client = client_for(server)
+        _files_table(client, tmp_path / "a", "t", [1, 2, 3])
+        rest = RestCatalog("harness", uri=f"http://127.0.0.1:{server.rest.port}")
+        assert sorted(rest.load_table("harness.t").scan().to_arrow().column("id").to_pylist()) == [
+            1,
+            2,
+            3,
+        ]
+        client.drop_table("t")
+        _files_table(client, tmp_path / "b", "t", [7])  # same name, same version numbers
+        assert rest.load_table("harness.t").scan().to_arrow().column("id").to_pylist() == [7]
         client.close()

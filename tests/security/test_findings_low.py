@@ -16,11 +16,12 @@ import pytest
 import sqlglot
 
 from clients import HarnessClient
+from flight_gateway.app import GatewayConfig
 from flight_gateway.cli import main
-from flight_gateway.errors import InvalidArgument, NotFound
-from flight_gateway.flightsql.handles import HandleSealer
-from flight_gateway.flightsql.service import pack, pb
-from flight_gateway.server import GatewayConfig, metrics
+from flight_gateway.core import metrics
+from flight_gateway.faces.flightsql.handles import HandleSealer
+from flight_gateway.protocol.errors import InvalidArgument, NotFound
+from flight_gateway.protocol.flightsql import pack, pb
 from tests.gateway.helpers import client_for, running_gateway, write_parquet
 from tests.security.test_findings import files_table, secure
 
@@ -223,7 +224,7 @@ def test_flight_sql_refuses_a_denied_function_bound_in_a_prepared_statement(
 
 def test_duckdb_itself_is_asked_which_functions_a_statement_calls() -> None:
     """The second check, on DuckDB's parse of the SQL it runs, stands without the first."""
-    from flight_gateway.flightsql import query
+    from flight_gateway.faces.flightsql import query
 
     sql = "SELECT ('temp_directory').current_setting() AS d FROM t"
     tree: Any = sqlglot.parse_one(sql, read="duckdb")  # not through query.parse

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 from planners import locations
 from planners.files import resolve_paths
 

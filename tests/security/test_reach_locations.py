@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flight_gateway.errors import HarnessError, InvalidArgument, Unauthorized
+from flight_gateway.protocol.errors import HarnessError, InvalidArgument, Unauthorized
 from tests.gateway.helpers import DuckLakeFixture, IcebergFixture, write_parquet
 from tests.security.listener import http_listener
 from tests.security.test_findings import SCHEMA, secure
@@ -291,7 +291,7 @@ def test_secrets_can_be_scoped_to_tables(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_a_bad_secrets_rule_stops_the_gateway(tmp_path: Path) -> None:
-    from flight_gateway.server import GatewayConfig
+    from flight_gateway.app import GatewayConfig
 
     with pytest.raises(ValueError, match=r"secrets\.allow"):
         GatewayConfig(port=0, ticket_key="k" * 32, secrets={"allow": [{"tables": ["a"]}]})

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flight_gateway.errors import InvalidArgument
-from flight_gateway.server.reach import ReachPolicy
+from flight_gateway.core.reach import ReachPolicy
+from flight_gateway.protocol.errors import InvalidArgument
 from planners.kind import SourceRef
 from planners.registry import get_kind
 

@@ -21,7 +21,7 @@ import pytest
 
 from benchmarks.processes import GatewayProcess
 from clients import HarnessClient
-from flight_gateway.flightsql.service import pack, pb
+from flight_gateway.protocol.flightsql import pack, pb
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.errors import Unauthenticated, Unauthorized, Unavailable
+from flight_gateway.protocol.errors import Unauthenticated, Unauthorized, Unavailable
 from tests.gateway.helpers import running_gateway
 from tests.services import missing
 

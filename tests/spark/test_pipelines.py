@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from pipelines.spark_jobs import SparkKafkaToIcebergFlush, compact
+from pipelines.spark_jobs import compact, move
 from tests.gateway.helpers import IcebergFixture, versioned_table, write_parquet
 from tests.gateway.kafka_helpers import json_values, new_topic, produce
 
@@ -116,16 +116,17 @@ def test_flush_and_compaction_keep_the_union_exact(
     for t in threads:
         t.start()
     try:
-        flush = SparkKafkaToIcebergFlush(
-            spark, uri, client, "t", "k0", "cold", owner="spark-flush", wait_s=60
-        )
+
+        def flush() -> int:
+            return move(spark, uri, client, "t", "k0", "cold").rows
+
         moved = 0
         for _ in range(3):
-            moved += flush.run_once().rows
+            moved += flush()
         before_compaction = client.describe("t").version
         compact(spark, uri, client, "t", "small", files=1)
         compact(spark, uri, client, "t", "cold", files=1)
-        moved += flush.run_once().rows
+        moved += flush()
     finally:
         stop.set()
         for t in threads:
@@ -154,7 +155,7 @@ def test_spark_postgres_cold_move_while_readers_read(
 
     import psycopg
 
-    from pipelines.spark_jobs import SparkPostgresToIcebergMove
+    from pipelines.spark_jobs import move
 
     server, _ = gateway
     uri = f"grpc://127.0.0.1:{server.port}"
@@ -201,12 +202,8 @@ def test_spark_postgres_cold_move_while_readers_read(
     t = threading.Thread(target=reader)
     t.start()
     try:
-        first = SparkPostgresToIcebergMove(
-            spark, uri, client, "e", "hot", "cold", where="p = 0", owner="spark-cold"
-        ).run_once()
-        second = SparkPostgresToIcebergMove(
-            spark, uri, client, "e", "hot", "cold", owner="spark-cold"
-        ).run_once()
+        first = move(spark, uri, client, "e", "hot", "cold", where="p = 0")
+        second = move(spark, uri, client, "e", "hot", "cold")
     finally:
         stop.set()
         t.join(60)
@@ -268,7 +265,8 @@ def test_cold_move_command_line_runs_the_cold_move(
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert client.history("e", limit=1)[0].summary["operation"] == "postgres-to-iceberg"
+    last = client.history("e", limit=1)[0].summary
+    assert (last["operation"], last["hot"], last["relocation"]) == ("move", "hot", True)
     cold = iceberg.catalog.load_table("db.cli_cold").scan().to_arrow()
     assert sorted(cold.column("id").to_pylist()) == list(range(1, 50, 2))
     assert sorted(client.read("e", columns=["id"]).column("id").to_pylist()) == list(range(50))

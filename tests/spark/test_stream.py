@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clients import HarnessClient
-from pipelines.movers import KafkaToIcebergMover
+from pipelines.mover import Mover
 from tests.gateway.helpers import IcebergFixture, write_parquet
 from tests.gateway.kafka_helpers import json_values, new_topic, produce
 
@@ -102,7 +102,7 @@ def test_stream_delivers_each_row_once_across_restarts(
         files = sorted(out.glob("*.parquet"))
         return sorted(i for f in files for i in pq.read_table(f).column("id").to_pylist())
 
-    mover = KafkaToIcebergMover(client, "t", "k0", "cold", owner="mover", wait_s=30)
+    mover = Mover(client, "t", "k0", "cold", wait_s=30)
     ingest(30)
     run_query()
     assert delivered() == list(range(30))

@@ -15,12 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clients import HarnessClient
-from pipelines.movers import (
-    KafkaToIcebergMover,
-    KafkaToPostgresMover,
-    PostgresToDuckLakeMover,
-    PostgresToIcebergMover,
-)
+from pipelines.mover import Mover
 from pipelines.spark_jobs import compact
 from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import DuckLakeFixture, IcebergFixture
@@ -119,10 +114,10 @@ def test_every_write_path_streams_each_row_exactly_once(
         return sorted(i for p in parts for i in p.column("id").to_pylist())
 
     movers = {
-        "k->pg": KafkaToPostgresMover(client, "t", "k", "pg", owner="m"),
-        "k->ice": KafkaToIcebergMover(client, "t", "k", "ice", owner="m"),
-        "pg->lake": PostgresToDuckLakeMover(client, "t", "pg", "lake", owner="m"),
-        "pg->ice": PostgresToIcebergMover(client, "t", "pg", "ice", owner="m"),
+        "k->pg": Mover(client, "t", "k", "pg"),
+        "k->ice": Mover(client, "t", "k", "ice"),
+        "pg->lake": Mover(client, "t", "pg", "lake"),
+        "pg->ice": Mover(client, "t", "pg", "ice"),
     }
     steps: list[tuple[str, Callable[[], list[int]]]] = [
         ("DoPut kafka", lambda: put("k", 10)),

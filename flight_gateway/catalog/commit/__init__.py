@@ -16,7 +16,7 @@ from flight_gateway.catalog.commit.portable import Outcome, apply_group
 from flight_gateway.catalog.commit.request import CommitRequest, build_request
 from flight_gateway.catalog.db import write_tx
 from flight_gateway.catalog.model import CommitResult
-from flight_gateway.errors import HarnessError
+from flight_gateway.protocol.errors import HarnessError
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, insert, or_, select, update
 
 from flight_gateway.catalog import db
-from flight_gateway.catalog.commit.errors import check_failed
 from flight_gateway.catalog.commit.request import CommitRequest
+from flight_gateway.catalog.conflicts import check_failed
 from flight_gateway.catalog.db import kv, locks, schemas, source_states, sources, tables, versions
 from flight_gateway.catalog.in_force import sources_at
 from flight_gateway.catalog.locks.fencing import check_locks
@@ -26,7 +26,7 @@ from flight_gateway.catalog.model import CommitResult
 from flight_gateway.catalog.queries import load_schema, table_row
 from flight_gateway.catalog.schema import evolve
 from flight_gateway.catalog.validation import new_id
-from flight_gateway.errors import HarnessError
+from flight_gateway.protocol.errors import HarnessError
 
 Outcome = CommitResult | HarnessError
 

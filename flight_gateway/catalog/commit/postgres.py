@@ -13,11 +13,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from flight_gateway.catalog.commit.errors import check_failed
 from flight_gateway.catalog.commit.request import CommitRequest
+from flight_gateway.catalog.conflicts import check_failed
 from flight_gateway.catalog.db import call_once_retried
 from flight_gateway.catalog.model import CommitResult
-from flight_gateway.errors import HarnessError
+from flight_gateway.protocol.errors import HarnessError
 
 Outcome = CommitResult | HarnessError
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from flight_gateway.catalog.model import SourceSpec, SourceUpdate
 from flight_gateway.catalog.validation import as_list, check_source_name, to_json
-from flight_gateway.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

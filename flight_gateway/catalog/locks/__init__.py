@@ -22,7 +22,7 @@ from flight_gateway.catalog.db import locks, read_tx, tables, write_tx
 from flight_gateway.catalog.locks.step import WAITER_HEARTBEAT_S, LockAsk, StepResult, lock_step
 from flight_gateway.catalog.model import LockGrant, LockInfo
 from flight_gateway.catalog.validation import as_list, check_ttl, is_number
-from flight_gateway.errors import InvalidArgument, LockExpired, LockUnavailable, NotFound
+from flight_gateway.protocol.errors import InvalidArgument, LockExpired, LockUnavailable, NotFound
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from flight_gateway.catalog.commit.errors import check_failed
+from flight_gateway.catalog.conflicts import check_failed
 
 
 def check_locks(

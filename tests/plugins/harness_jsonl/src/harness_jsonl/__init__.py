@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from flight_gateway.errors import InvalidArgument, Unavailable
+from flight_gateway.protocol.errors import InvalidArgument, Unavailable
 from planners.common import conform, empty_reader, physical_names
 from planners.kind import AppendContext, ScanRequest, ScanTask, SourceConfig, SourceKind
 

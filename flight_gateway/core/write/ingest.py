@@ -1,0 +1,308 @@
+"""DoPut: validate and route uploaded rows, append them to their sources, commit once.
+
+Descriptor command: ``{"table", "commit_id", "source"?}``. Everything is validated and routed
+before anything is written (unknown or uncastable columns, nulls in non-nullable columns, rows
+that route to no source or to several: INVALID_ARGUMENT). Writable sources are those whose kind
+is ``Appendable``. The target sources are locked, each kind appends idempotently by commit id,
+and one harness commit publishes every new state. Repeating a commit id after a lost reply
+returns its version and writes nothing.
+
+What an upload may cost (docs/security.md, "DoPut"): each principal has at most
+``limits.max_uploads_per_principal`` DoPuts in progress and the gateway at most
+``limits.max_concurrent_uploads``; the decoded size is checked as each batch is decoded against
+``limits.max_upload_bytes``; a failed allocation while decoding is RESOURCE_EXHAUSTED. pyarrow's
+Flight server decodes (and decompresses) a whole batch before Python sees it, allocating what the
+batch declares, so one batch is not bounded before allocation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flight_gateway.catalog import SourceSnapshot, TableSnapshot
+from flight_gateway.core import tracing
+from flight_gateway.core.auth import Principal
+from flight_gateway.core.context import Gateway
+from flight_gateway.core.sources import bind, guard
+from flight_gateway.core.write.alignment import aligned
+from flight_gateway.core.write.lease import leased
+from flight_gateway.core.write.merge import last_per_key, mode, with_ops
+from flight_gateway.protocol import operations as ops
+from flight_gateway.protocol.arrow_types import parse_type
+from flight_gateway.protocol.errors import InvalidArgument, ResourceExhausted
+from planners.kind import Appendable, AppendContext, Merges
+from planners.predicates import coerce
+from planners.registry import get_kind
+
+log = logging.getLogger(__name__)
+
+
+def _validate(snap: TableSnapshot, data: pa.Table) -> pa.Table:
+    fields = {f.name: f for f in snap.schema.fields}
+    unknown = [c for c in data.column_names if c not in fields]
+    if unknown:
+        raise InvalidArgument(
+            f"uploaded column(s) {unknown} are not in table {snap.table!r} (columns: {list(fields)})"
+        )
+    columns = []
+    for f in snap.schema.fields:
+        t = parse_type(f.type)
+        if f.name in data.column_names:
+            col = data.column(f.name)
+            try:
+                col = col.cast(t, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise InvalidArgument(
+                    f"column {f.name!r}: cannot store {col.type} as {t}: {e}"
+                ) from e
+        else:
+            col = pa.nulls(data.num_rows, t)
+        if not f.nullable and col.null_count:
+            raise InvalidArgument(
+                f"column {f.name!r} is not nullable but {col.null_count} uploaded row(s) have no value"
+            )
+        columns.append(col)
+    return pa.table(columns, names=[f.name for f in snap.schema.fields])
+
+
+def _matches(source: SourceSnapshot, data: pa.Table, schema: pa.Schema) -> pa.Array:
+    """Mask of rows whose partition values equal the source's."""
+    mask = pa.array([True] * data.num_rows)
+    for col, raw in source.partition.items():
+        if col not in data.column_names:
+            continue
+        value = coerce(raw, schema.field(col).type, from_string=isinstance(raw, str))
+        column = data.column(col)
+        eq = (
+            pc.is_null(column)
+            if value is None
+            else pc.fill_null(pc.equal(column, pa.scalar(value, column.type)), False)
+        )
+        mask = pc.and_(mask, eq)
+    return mask
+
+
+def _writable(s: SourceSnapshot) -> bool:
+    return isinstance(get_kind(s.kind), Appendable)
+
+
+def _route_named(snap: TableSnapshot, data: pa.Table, source: str) -> dict[str, pa.Table]:
+    target = snap.source(source)
+    if not _writable(target):
+        raise InvalidArgument(f"source {source!r} ({target.kind}) does not accept appends")
+    mask = _matches(target, data, data.schema)
+    bad = data.num_rows - pc.sum(mask).as_py() if data.num_rows else 0
+    if bad:
+        raise InvalidArgument(
+            f"{bad} row(s) do not match the partition {dict(target.partition)} of source {source!r}"
+        )
+    return {source: data}
+
+
+def route(snap: TableSnapshot, data: pa.Table, source: str | None) -> dict[str, pa.Table]:
+    """Rows per target source: the named one, the only writable one, or by partition values."""
+    if source is not None:
+        return _route_named(snap, data, source)
+    writable = [s for s in snap.sources if _writable(s)]
+    if not snap.partition_by:
+        if len(writable) != 1:
+            raise InvalidArgument(
+                f"table {snap.table!r} has {len(writable)} writable sources and no partition_by: "
+                "name a 'source'"
+            )
+        return {writable[0].name: data}
+    masks = {s.name: _matches(s, data, data.schema) for s in writable if s.partition}
+    if not masks:
+        raise InvalidArgument(f"table {snap.table!r} has no writable source with partition values")
+    counts = None
+    for m in masks.values():
+        as_int = pc.cast(m, pa.int8())
+        counts = as_int if counts is None else pc.add(counts, as_int)
+    nowhere = pc.sum(pc.equal(counts, 0)).as_py() or 0
+    if nowhere:
+        first = (
+            data.filter(pc.equal(counts, 0)).select(list(snap.partition_by)).slice(0, 1).to_pylist()
+        )
+        raise InvalidArgument(
+            f"{nowhere} row(s) route to no writable source (e.g. {first[0]}); add a source for "
+            "that partition or name one"
+        )
+    if pc.sum(pc.greater(counts, 1)).as_py():
+        raise InvalidArgument("some rows match several writable sources; name a 'source'")
+    return {name: data.filter(m) for name, m in masks.items() if pc.any(m).as_py()}
+
+
+def authorize(who: Principal, command: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    """Check the descriptor and the caller's write permission before any data is read."""
+    table, commit_id, source = _command(command)
+    who.require("write", table)
+    return table, commit_id, source
+
+
+@contextlib.contextmanager
+def memory_is_exhaustion(what: str) -> Iterator[None]:
+    """A failed allocation (``pa.ArrowMemoryError`` is a ``MemoryError``) is RESOURCE_EXHAUSTED
+    for the caller, never INTERNAL/UNKNOWN: the server keeps serving, nothing is committed."""
+    try:
+        yield
+    except MemoryError as e:
+        log.warning("%s: out of memory: %s", what, e)
+        raise ResourceExhausted(
+            f"{what}: the gateway could not allocate memory for it ({type(e).__name__}); "
+            "send smaller record batches or retry later"
+        ) from None
+
+
+def _decoded(reader: Any) -> Iterator[pa.RecordBatch]:
+    """The uploaded batches as the reader decodes them (metadata-only messages skipped), with
+    misaligned buffers realigned (``alignment``)."""
+    for chunk in reader:
+        if chunk.data is not None:
+            yield aligned(chunk.data)
+
+
+def read_upload(reader: Any, max_bytes: int) -> pa.Table:
+    """The uploaded batches, refused (RESOURCE_EXHAUSTED) as soon as their decoded size exceeds
+    ``max_bytes``. Each batch is checked right after pyarrow decoded it, before the next one is
+    read: one batch can still cost its whole decoded size (the module's docstring)."""
+    batches, total = [], 0
+    with memory_is_exhaustion("DoPut upload"):
+        for batch in _decoded(reader):
+            total += batch.nbytes
+            if total > max_bytes:
+                raise ResourceExhausted(
+                    f"upload is larger than {max_bytes} bytes once decoded "
+                    "(limits.max_upload_bytes); split it into several DoPut calls"
+                )
+            batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def _command(command: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    table, commit_id, source = command.get("table"), command.get("commit_id"), command.get("source")
+    if not isinstance(table, str) or not table:
+        raise InvalidArgument("DoPut descriptor needs 'table'")
+    if not isinstance(commit_id, str) or not commit_id:
+        raise InvalidArgument("DoPut descriptor needs 'commit_id' (it makes retries safe)")
+    if source is not None and not isinstance(source, str):
+        raise InvalidArgument("'source' must be a source name")
+    return table, commit_id, source
+
+
+class _Appender:
+    """Appends the routed parts under one lock and publishes them in one commit."""
+
+    def __init__(
+        self, gw: Gateway, table: str, commit_id: str, lock_id: str, merge: bool = False
+    ) -> None:
+        self.gw, self.catalog = gw, gw.catalog
+        self.table, self.commit_id, self.lock_id = table, commit_id, lock_id
+        self.merge = merge
+        self.markers: dict[str, Any] = {}
+
+    def _intent(self, snap: TableSnapshot, source: str) -> tuple[Any, Any]:
+        """(the marker an earlier try of this commit left, a function recording a new one)."""
+        key = f"harness.doput.{source}"
+        marker = snap.external_state.get(key) or {}
+        earlier = marker.get("intent") if marker.get("commit_id") == self.commit_id else None
+
+        def record(intent: Mapping[str, Any]) -> None:
+            self.catalog.commit(
+                self.table,
+                f"{self.commit_id}:intent:{source}",
+                lock_id=self.lock_id,
+                external_state={key: {"commit_id": self.commit_id, "intent": dict(intent)}},
+                summary={ops.OPERATION: ops.DOPUT_INTENT},
+            )
+            self.markers[key] = None  # cleared by the final commit
+
+        if earlier is not None:
+            self.markers[key] = None
+        return earlier, record
+
+    def append(self, snap: TableSnapshot, parts: Mapping[str, pa.Table]) -> list[dict[str, Any]]:
+        aliases = {f.name: f.aliases for f in snap.schema.fields}
+        updates = []
+        for name, part in parts.items():
+            kind, ref = bind(self.gw, snap, name)
+            assert isinstance(kind, Appendable)
+            intent, record = self._intent(snap, name)
+            ctx = AppendContext(
+                ref,
+                self.commit_id,
+                aliases,
+                intent,
+                record,
+                self.table,
+                guard(self.gw, ref.kind, self.table),
+                self.gw.tag_key(snap.table_id, name),
+            )
+            with tracing.span("write", source=name, kind=ref.kind, rows=part.num_rows):
+                if self.merge:
+                    assert isinstance(kind, Merges)
+                    upserts, deletes = last_per_key(part, snap.primary_key)
+                    state = kind.merge(ctx, upserts, deletes, snap.primary_key)
+                else:
+                    state = kind.append(ctx, part)
+            updates.append({"source": name, "state": state})
+        return updates
+
+
+def do_put(
+    gw: Gateway, who: Principal, command: Mapping[str, Any], data: pa.Table
+) -> dict[str, Any]:
+    table, commit_id, source = authorize(who, command)
+    catalog = gw.catalog
+    done = catalog.find_commit(table, commit_id)
+    if done is not None:
+        return {"version": done, "applied": False, "rows": 0}
+    snap = catalog.describe(table)
+    merge = mode(command) == "merge"
+    with tracing.span("validate", table=table, rows=data.num_rows):
+        rows = with_ops(snap, data, _validate) if merge else _validate(snap, data)
+        parts = route(snap, rows, source)
+    if not parts:
+        raise InvalidArgument("nothing to write: the upload has no rows")
+    if merge:
+        for name in parts:
+            s = snap.source(name)
+            if not isinstance(get_kind(s.kind), Merges):
+                raise InvalidArgument(f"source {name!r} ({s.kind}) does not take upserts/deletes")
+    with leased(
+        catalog,
+        table,
+        sorted(parts),
+        owner=f"doput:{commit_id}",
+        ttl_s=gw.limits.write_lease_s,
+        wait_s=60,
+    ) as grant:
+        done = catalog.find_commit(table, commit_id)  # another try may have finished meanwhile
+        if done is not None:
+            return {"version": done, "applied": False, "rows": 0}
+        snap = catalog.describe(table)  # fresh states under the lock
+        appender = _Appender(gw, table, commit_id, grant.lock_id, merge)
+        updates = appender.append(snap, parts)
+        with tracing.span("commit", table=table):
+            res = catalog.commit(
+                table,
+                commit_id,
+                lock_id=grant.lock_id,
+                updates=updates,
+                external_state=appender.markers or None,
+                summary={
+                    ops.OPERATION: ops.DOPUT,
+                    "rows": rows.num_rows,
+                    "sources": sorted(parts),
+                    **({"merge": True} if merge else {}),
+                },
+            )
+    log.info(
+        "DoPut %s into %s: %d rows -> version %d", commit_id, table, rows.num_rows, res.version
+    )
+    return {"version": res.version, "applied": res.applied, "rows": rows.num_rows}

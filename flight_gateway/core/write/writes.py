@@ -1,0 +1,177 @@
+"""Engine writes (Spark): ``harness.begin_write`` / ``commit_write`` / ``abort_write``.
+
+For a source whose kind ``AdoptsFiles`` the gateway hands out a staging location (mode
+``stage``) (created here,
+one directory per write); engine tasks write Parquet files into it, and ``commit_write`` adopts
+exactly the files of that write in one harness commit (``overwrite`` replaces the source's
+files; ``relocation`` marks a compaction, which adds no rows for streaming readers).
+``abort_write`` removes the directory. For an ``Appendable`` source the engine uploads its rows
+with DoPut instead (mode ``upload``). Sources configs are resolved only here, never by clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from flight_gateway.catalog import TableSnapshot
+from flight_gateway.core.auth import Principal
+from flight_gateway.core.context import Gateway
+from flight_gateway.core.sources import bind
+from flight_gateway.core.write.lease import leased
+from flight_gateway.protocol import operations as ops
+from flight_gateway.protocol.errors import InvalidArgument
+from planners.common import filesystem
+from planners.kind import AdoptsFiles, Appendable
+from planners.registry import get_kind
+
+log = logging.getLogger(__name__)
+_WRITE_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _target(snap: TableSnapshot, source: Any) -> str:
+    """The named source, or the table's only source that accepts engine writes."""
+
+    def accepts(kind_name: str) -> bool:
+        kind = get_kind(kind_name)
+        return isinstance(kind, (AdoptsFiles, Appendable))
+
+    if source is not None:
+        if not isinstance(source, str) or not source:
+            raise InvalidArgument("'source' must be a source name")
+        s = snap.source(source)
+        if not accepts(s.kind):
+            raise InvalidArgument(f"source {source!r} ({s.kind}) does not accept writes")
+        return source
+    candidates = [s.name for s in snap.sources if accepts(s.kind)]
+    if len(candidates) != 1:
+        raise InvalidArgument(
+            f"name the 'source' to write to in table {snap.table!r} (candidates: {candidates})"
+        )
+    return candidates[0]
+
+
+def _write_id(body: Mapping[str, Any]) -> str:
+    write_id = body.get("write_id")
+    if not isinstance(write_id, str) or not _WRITE_ID.fullmatch(write_id):
+        raise InvalidArgument("'write_id' must be the id begin_write returned")
+    return write_id
+
+
+def _table(body: Mapping[str, Any]) -> str:
+    t = body.get("table")
+    if not isinstance(t, str) or not t:
+        raise InvalidArgument("action body needs 'table'")
+    return t
+
+
+def begin_write(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+    table = _table(body)
+    who.require("write", table)
+    snap = gw.catalog.describe(table)
+    source = _target(snap, body.get("source"))
+    kind, ref = bind(gw, snap, source)
+    write_id = uuid.uuid4().hex
+    if not isinstance(kind, AdoptsFiles):
+        return {"write_id": write_id, "source": source, "mode": "upload"}
+    location = kind.staging_location(ref, write_id)
+    fs, path = filesystem(location)
+    fs.create_dir(path, recursive=True)
+    return {"write_id": write_id, "source": source, "mode": "stage", "location": location}
+
+
+def _paths(body: Mapping[str, Any]) -> list[str]:
+    paths = body.get("paths") or []
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise InvalidArgument("'paths' must be a list of the files the write made")
+    return paths
+
+
+def _summary(body: Mapping[str, Any], paths: list[str]) -> dict[str, Any]:
+    overwrite, relocation = bool(body.get("overwrite")), bool(body.get("relocation"))
+    if relocation:
+        return ops.relocation_summary(ops.COMPACTION, rows=body.get("rows"), file_count=len(paths))
+    operation = ops.SPARK_OVERWRITE if overwrite else ops.SPARK_APPEND
+    return {ops.OPERATION: operation, "rows": body.get("rows"), "file_count": len(paths)}
+
+
+def _adopt(
+    gw: Gateway, table: str, source: str, write_id: str, body: Mapping[str, Any], lock_id: str
+) -> int:
+    """Adopt exactly this write's files and commit the source's new state."""
+    cat = gw.catalog
+    paths = _paths(body)
+    snap = cat.describe(table)
+    kind, ref = bind(gw, snap, source)
+    if not isinstance(kind, AdoptsFiles):
+        raise InvalidArgument(f"source {source!r} ({ref.kind}) does not adopt files")
+    location = kind.staging_location(ref, write_id).rstrip("/") + "/"
+    outside = [p for p in paths if not p.startswith(location) or ".." in p]
+    if outside:
+        raise InvalidArgument(f"files {outside[:3]} are not in this write's location")
+    commit_id = f"spark-write:{write_id}"
+    state = kind.adopt_files(
+        ref,
+        paths,
+        replace=bool(body.get("overwrite")),
+        commit_id=commit_id,
+        relocation=bool(body.get("relocation")),
+    )
+    res = cat.commit(
+        table,
+        commit_id,
+        lock_id=lock_id,
+        fencing_token=body.get("fencing_token"),
+        updates=[{"source": source, "state": state}],
+        summary=_summary(body, paths),
+    )
+    log.info(
+        "write %s into %s/%s: %d files -> v%d", write_id, table, source, len(paths), res.version
+    )
+    return res.version
+
+
+def commit_write(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+    table = _table(body)
+    who.require("write", table)
+    cat = gw.catalog
+    write_id = _write_id(body)
+    done = cat.find_commit(table, f"spark-write:{write_id}")
+    if done is not None:
+        return {"version": done, "applied": False}
+    source = _target(cat.describe(table), body.get("source"))
+    held = body.get("lock_id")
+    if held:  # under the caller's lock (a compaction job holds one)
+        return {"version": _adopt(gw, table, source, write_id, body, str(held)), "applied": True}
+    with leased(
+        cat,
+        table,
+        [source],
+        owner=f"write:{write_id}",
+        ttl_s=gw.limits.write_lease_s,
+        wait_s=120,
+    ) as grant:
+        return {
+            "version": _adopt(gw, table, source, write_id, body, grant.lock_id),
+            "applied": True,
+        }
+
+
+def abort_write(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+    table = _table(body)
+    who.require("write", table)
+    cat = gw.catalog
+    write_id = _write_id(body)
+    if cat.find_commit(table, f"spark-write:{write_id}") is not None:
+        raise InvalidArgument(f"write {write_id} was committed; it cannot be aborted")
+    snap = cat.describe(table)
+    kind, ref = bind(gw, snap, _target(snap, body.get("source")))
+    if isinstance(kind, AdoptsFiles):
+        fs, path = filesystem(kind.staging_location(ref, write_id))
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(path)
+    return {}

@@ -1,0 +1,145 @@
+"""Errors on the wire: harness errors mapped to Flight status codes, secrets scrubbed, and
+streams that fail loudly instead of ending early looking complete."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as fl
+from sqlalchemy.exc import OperationalError
+
+from flight_gateway.core import metrics
+from flight_gateway.core.secrets import scrub
+from flight_gateway.faces.flight.tracing import activate
+from flight_gateway.protocol.errors import (
+    HarnessError,
+    InvalidArgument,
+    Unavailable,
+    without_content,
+)
+from flight_gateway.protocol.flight_errors import to_flight_error
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _clean(text: str) -> str:
+    """No secret value and no file content in anything sent to a caller."""
+    return without_content(scrub(text))
+
+
+def _wire(e: HarnessError) -> Exception:
+    return to_flight_error(type(e)(_clean(str(e))))
+
+
+def _on_the_wire(method: str, e: BaseException) -> BaseException:
+    """The exception a handler's failure becomes on the wire."""
+    if isinstance(e, HarnessError):
+        log.info("%s: %s: %s", method, type(e).__name__, scrub(str(e)))
+        return _wire(e)
+    if isinstance(e, OperationalError):
+        log.warning("%s: catalog unavailable: %s", method, scrub(str(e)))
+        return _wire(Unavailable("harness catalog unavailable"))
+    if isinstance(e, NotImplementedError | fl.FlightError) or not isinstance(e, Exception):
+        return e
+    if isinstance(e, pa.ArrowException):
+        return type(e)(_clean(str(e)))
+    if isinstance(e, RecursionError):  # deeply nested JSON or filters: the caller's doing
+        return _wire(InvalidArgument("request is nested too deeply"))
+    log.error("%s failed", method, exc_info=e)
+    return fl.FlightInternalError(f"internal error: {type(e).__name__}: {scrub(str(e))}")
+
+
+def flight_errors(fn: F) -> F:
+    """Map harness errors to Flight status codes; never let an unexpected error kill a call
+    without a clear message (the server itself keeps serving either way). No message carries a
+    resolved secret."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        call = args[1] if len(args) > 1 and isinstance(args[1], fl.ServerCallContext) else None
+        try:
+            with activate(call) if call is not None else contextlib.nullcontext():
+                out = fn(*args, **kwargs)
+        except BaseException as e:
+            metrics.observe_rpc(fn.__name__, started, e)
+            # "from None": pyarrow sends the Python traceback in the status details, and a
+            # chained one can outgrow gRPC's metadata limit (the client sees RESOURCE_EXHAUSTED).
+            raise _on_the_wire(fn.__name__, e) from None
+        metrics.observe_rpc(fn.__name__, started, None)
+        return out
+
+    return wrapper  # type: ignore[return-value]
+
+
+#: Batches go out as IPC messages of at most about this many body bytes. The Flight client
+#: takes a message body in place, right after its protobuf length prefix, a varint: measured
+#: with pyarrow 26, bodies of 16 KiB to 2 MiB - 1 (3-byte prefix) arrive 8-byte aligned, larger
+#: ones (a 64K-row batch of four 8-byte columns is exactly 2 MiB; 4-byte prefix) at 1 mod 8,
+#: and the client's IPC reader then copies every buffer again to realign it (Acero needs it).
+#: Slicing is zero-copy and the IPC writer sends only the slice. 1 MiB was faster than 256 KiB
+#: or 512 KiB (16 M rows over loopback, docs/operations.md).
+WIRE_BATCH_BYTES = 1 << 20
+
+
+def wire_sized(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    """``batch`` as zero-copy slices of about ``WIRE_BATCH_BYTES`` each (itself when smaller)."""
+    nbytes = batch.nbytes
+    if nbytes <= WIRE_BATCH_BYTES + (WIRE_BATCH_BYTES >> 1) or batch.num_rows < 2:
+        yield batch
+        return
+    # at least 1024 rows a piece: a large dictionary counts in every slice's nbytes
+    pieces = min(max(1, batch.num_rows // 1024), -(-nbytes // WIRE_BATCH_BYTES))
+    step = -(-batch.num_rows // pieces)
+    for start in range(0, batch.num_rows, step):
+        yield batch.slice(start, step)
+
+
+def stream_errors(
+    reader: pa.RecordBatchReader, on_close: Callable[[], None] | None = None
+) -> pa.RecordBatchReader:
+    """Errors raised while streaming still reach the client as a failed stream with a clear
+    message, never as a stream that ends early looking complete. ``on_close`` runs when the
+    stream ends, fails or is abandoned.
+
+    The first batch is read here, before the stream is returned: an error before any row (a
+    source busy, say) fails the call itself with its status details, which pyarrow drops from
+    errors raised mid-stream (so a client could not tell that a retry is safe)."""
+    try:
+        first = _first_batch(reader)
+    except BaseException:
+        if on_close is not None:
+            on_close()
+        raise
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        try:
+            if first is not None:
+                yield from wire_sized(first)
+                for batch in reader:
+                    yield from wire_sized(batch)
+        except HarnessError as e:
+            raise _wire(e) from None
+        except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)
+            raise type(e)(_clean(str(e))) from None
+        finally:
+            if on_close is not None:
+                on_close()
+
+    return pa.RecordBatchReader.from_batches(reader.schema, gen())
+
+
+def _first_batch(reader: pa.RecordBatchReader) -> pa.RecordBatch | None:
+    try:
+        return reader.read_next_batch()
+    except StopIteration:
+        return None
+    except pa.ArrowException as e:
+        raise type(e)(_clean(str(e))) from None

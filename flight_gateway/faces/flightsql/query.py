@@ -1,0 +1,454 @@
+"""Read-only SQL over harness tables: parsing, checking, pinning and rewriting a statement.
+
+A statement is parsed with sqlglot. Every harness table it references is planned once per
+statement at a pinned version (``flight_gateway.faces.flightsql.relations``: the caller's permissions,
+pruning and pushdown apply) and becomes a view DuckDB scans (``engine``); the statement is
+rewritten to name those views. What is pushed into each table's planning:
+
+- the columns the query uses of that table (all of them under ``*``);
+- the top-level ``WHERE`` conjuncts that name only that table's columns, when the query has no
+  outer join (pushing a conjunct below an outer join could change its result); DuckDB still
+  applies the whole ``WHERE``, so a conjunct the harness cannot take is simply not pushed.
+
+Pinning: by default all tables of one statement are read as of one moment (the catalog's clock
+when the statement is planned), so a join sees a consistent cut even while movers commit.
+``FROM t FOR VERSION AS OF 12`` or ``FOR TIMESTAMP AS OF '2026-11-24T10:00:00Z'`` pins one table
+explicitly. The pins travel in the statement handle, so running a handle again (on any replica
+sharing the ticket key) reads exactly the same versions.
+
+DuckDB runs with external access disabled once the views exist: a query cannot read other
+files, attach databases or load extensions; it sees only the harness relations. Table functions are refused,
+and so are functions that reveal the gateway's environment (``current_setting``,
+``getvariable``, ``version``, ``duckdb_*``, ``pragma_*``, ``pg_*``, ...: ``denied``), checked on
+sqlglot's parse and again on DuckDB's own parse of the SQL it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+
+from flight_gateway.protocol.errors import InvalidArgument, NotFound
+from flight_gateway.protocol.messages import parse_timestamp
+
+log = logging.getLogger(__name__)
+
+CATALOG = "harness"
+SCHEMA = "main"
+DIALECT = "duckdb"
+
+
+@dataclass
+class TableRef:
+    """One table reference of the statement (a self-join has two)."""
+
+    node: exp.Table
+    table: str  # harness table name
+    alias: str
+    version: int | None = None
+    as_of: float | None = None
+    columns: set[str] | None = field(default_factory=set)  # None: every column
+    filters: list[str] = field(default_factory=list)
+
+
+#: Functions that reveal the gateway's environment (settings, variables, paths, versions,
+#: catalogs, the connection or the running query) or run SQL given as text.
+DENIED_FUNCTIONS = frozenset(
+    {
+        "current_setting",
+        "getvariable",
+        "getenv",
+        "version",
+        "current_version",
+        "current_query",
+        "current_query_id",
+        "current_connection_id",
+        "current_transaction_id",
+        "txid_current",
+        "current_database",
+        "current_catalog",
+        "current_schema",
+        "current_schemas",
+        "current_role",
+        "current_user",
+        "session_user",
+        "user",
+        "in_search_path",
+        "which_secret",
+        "col_description",
+        "obj_description",
+        "shobj_description",
+        "format_pg_type",
+        "map_to_pg_oid",
+        "query",
+        "query_table",
+        "json_execute_serialized_sql",
+    }
+)
+DENIED_PREFIXES = ("duckdb_", "pragma_", "pg_")
+DENIED_SUFFIXES = ("_privilege",)
+
+
+def denied(function: str) -> bool:
+    name = function.lower()
+    return (
+        name in DENIED_FUNCTIONS
+        or name.startswith(DENIED_PREFIXES)
+        or name.endswith(DENIED_SUFFIXES)
+    )
+
+
+def _refuse(function: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"function {function.lower()}() is not allowed: it reveals the gateway's settings or "
+        "environment"
+    )
+
+
+def check_functions(tree: exp.Query) -> None:
+    """Refuse the ``denied`` functions anywhere in the statement."""
+    for node in tree.find_all(exp.Func):
+        name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+        if denied(name):
+            raise _refuse(name)
+
+
+def harness_name(node: exp.Table) -> str:
+    """``events``, ``main.events``, ``harness.main.events`` -> ``events``; ``ns.logs`` (a
+    namespaced harness table) stays ``ns.logs``."""
+    db, catalog = node.db, node.catalog
+    if catalog and catalog != CATALOG:
+        raise NotFound(f"unknown catalog {catalog!r} (this server has {CATALOG!r})")
+    if db and db != SCHEMA:
+        return f"{db}.{node.name}"
+    return node.name
+
+
+def parse(sql: str) -> exp.Query:
+    try:
+        trees = sqlglot.parse(sql, read=DIALECT)
+    except sqlglot.errors.SqlglotError as e:  # ParseError, TokenError (unterminated text)
+        # sqlglot underlines the token with terminal escapes: plain text for every client.
+        message = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+        raise InvalidArgument(f"syntax error: cannot parse the SQL statement: {message}") from e
+    trees = [t for t in trees if t is not None]
+    if len(trees) != 1:
+        raise InvalidArgument(f"give exactly one SQL statement, got {len(trees)}")
+    tree: Any = trees[0]
+    if not isinstance(tree, exp.Query):
+        raise InvalidArgument(
+            f"only queries (SELECT ...) are served here; {tree.key.upper()} is refused: writes go "
+            "through DoPut and the harness actions"
+        )
+    check_functions(tree)
+    return tree
+
+
+def parameter_count(tree: exp.Query) -> int:
+    """The statement's ``?`` placeholders."""
+    return sum(1 for _ in tree.find_all(exp.Placeholder))
+
+
+def placeholder_columns(tree: exp.Query) -> list[str | None]:
+    """For each ``?`` in order, the column it is compared with (``c = ?``, ``? < c``,
+    ``c BETWEEN ? AND ?``, ``c IN (?, ?)``), or None: what its type is taken from."""
+    out: list[str | None] = []
+    for holder in tree.find_all(exp.Placeholder):
+        parent = holder.parent
+        while isinstance(parent, exp.Paren | exp.Tuple):
+            parent = parent.parent
+        column = parent.this if isinstance(parent, exp.Binary | exp.Between | exp.In) else None
+        if isinstance(parent, exp.Binary) and not isinstance(column, exp.Column):
+            column = parent.expression
+        out.append(column.name if isinstance(column, exp.Column) else None)
+    return out
+
+
+def bind_parameters(tree: exp.Query, params: Sequence[Any]) -> exp.Query:
+    """Replace ``?`` placeholders, in order, with literals of ``params``."""
+    holders = list(tree.find_all(exp.Placeholder))
+    if len(holders) != len(params):
+        raise InvalidArgument(f"the statement has {len(holders)} parameter(s), got {len(params)}")
+    tree = tree.copy()
+    for holder, value in zip(list(tree.find_all(exp.Placeholder)), params, strict=True):
+        if isinstance(value, dict) and set(value) == {"sql"}:  # from ``literal``
+            holder.replace(sqlglot.parse_one(str(value["sql"]), read=DIALECT))
+        else:
+            holder.replace(exp.convert(value))
+    return tree
+
+
+def literal(value: Any) -> dict[str, str]:
+    """A bound parameter as the SQL literal of its type (kept in sealed handles as JSON)."""
+    try:
+        return {"sql": exp.convert(value).sql(DIALECT)}
+    except ValueError as e:
+        raise InvalidArgument(f"cannot bind a parameter of type {type(value).__name__}") from e
+
+
+def _cte_names(tree: Any) -> set[str]:
+    return {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+
+
+def _with_of(node: Any) -> Any:
+    return node.args.get("with_") or node.args.get("with")  # the key differs by sqlglot version
+
+
+def _visible_ctes(node: exp.Table) -> Iterator[str]:
+    """Names of the CTEs in scope at ``node`` (SQL scoping: a query's CTEs are visible in its
+    body and in later CTEs of the same WITH, a CTE in itself only under RECURSIVE)."""
+    child: Any = node
+    parent: Any = node.parent
+    while parent is not None:
+        with_ = _with_of(parent) if isinstance(parent, exp.Query) else None
+        if with_ is not None:
+            ctes = list(with_.expressions)
+            if child is with_:  # inside the WITH: find which CTE holds the node
+                inside = next(i for i, c in enumerate(ctes) if any(n is node for n in c.walk()))
+                upto = inside + 1 if with_.args.get("recursive") else inside
+                yield from (c.alias_or_name for c in ctes[:upto])
+            else:
+                yield from (c.alias_or_name for c in ctes)
+        child, parent = parent, parent.parent
+
+
+def is_cte_reference(node: exp.Table) -> bool:
+    """True when ``node`` names a CTE visible where it stands (DuckDB compares names without
+    case), False for a harness table."""
+    if node.db or node.catalog:
+        return False
+    name = node.name.lower()
+    return any(c.lower() == name for c in _visible_ctes(node))
+
+
+#: Names DuckDB resolves to its own catalog (settings, databases, attached servers, internal
+#: relations): no CTE may take one, so nothing the rewrite leaves alone can reach them.
+_SYSTEM_NAMES = ("information_schema", "sqlite_master", "sqlite_schema", "sqlite_temp_master")
+
+
+def _check_cte_names(tree: Any) -> None:
+    for name in _cte_names(tree):
+        lowered = name.lower()
+        if denied(lowered) or lowered.startswith(("__", "sqlite_")) or lowered in _SYSTEM_NAMES:
+            raise InvalidArgument(f"{name!r} is reserved: name the CTE differently")
+
+
+def table_refs(tree: exp.Query) -> list[TableRef]:
+    """The harness tables the statement reads; table functions are refused."""
+    for node in tree.find_all(exp.Table):
+        if not isinstance(node.this, exp.Identifier):  # read_csv(...), range(...), ...
+            raise InvalidArgument("table functions are not allowed; read harness tables by name")
+    for clause in tree.find_all(exp.From, exp.Join):
+        if not isinstance(clause.this, exp.Table | exp.Subquery):
+            raise InvalidArgument("table functions are not allowed; read harness tables by name")
+    _check_cte_names(tree)
+    refs = []
+    for node in tree.find_all(exp.Table):
+        if not node.name or is_cte_reference(node):
+            continue
+        ref = TableRef(node, harness_name(node), node.alias_or_name)
+        _pin(ref, node.args.get("version"))
+        refs.append(ref)
+    if not refs:
+        raise InvalidArgument("the statement reads no harness table")
+    return refs
+
+
+def _pin(ref: TableRef, version: exp.Expression | None) -> None:
+    if version is None:
+        return
+    value = version.expression
+    literal = value.this if isinstance(value, exp.Literal) else value.sql()
+    if version.name.upper() == "VERSION":
+        try:
+            ref.version = int(literal)
+        except ValueError as e:
+            raise InvalidArgument(f"FOR VERSION AS OF needs an integer, got {literal!r}") from e
+    else:
+        ref.as_of = parse_timestamp(literal, "FOR TIMESTAMP AS OF")
+
+
+def _actual(name: str, names: set[str]) -> str | None:
+    """The column ``name`` refers to among ``names`` (DuckDB matches names without case)."""
+    if name in names:
+        return name
+    lowered = name.lower()
+    return next((n for n in sorted(names) if n.lower() == lowered), None)
+
+
+def _owner(col: exp.Column, refs: Sequence[TableRef], schemas: Mapping[str, set[str]]) -> list[int]:
+    """Indexes of the refs a column may belong to."""
+    if col.table:
+        qualifier = col.table.lower()
+        return [i for i, r in enumerate(refs) if r.alias.lower() == qualifier]
+    return [i for i, r in enumerate(refs) if _actual(col.name, schemas[r.alias]) is not None]
+
+
+def _reads_whole_rows(
+    tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]
+) -> None:
+    """References whose columns cannot be listed from the SQL read all of them: ``*``,
+    ``COLUMNS(...)``, ``JOIN ... USING``, a table alias used as a value (its whole row)."""
+    everything = tree.find(exp.Columns) is not None or any(
+        j.args.get("using") for j in tree.find_all(exp.Join)
+    )
+    for star in tree.find_all(exp.Star):
+        if isinstance(star.parent, exp.Count):
+            continue
+        qualifier = star.parent.table.lower() if isinstance(star.parent, exp.Column) else ""
+        for r in refs:
+            if not qualifier or r.alias.lower() == qualifier:
+                r.columns = None
+    for col in tree.find_all(exp.Column):
+        if col.table or any(_actual(col.name, names) for names in schemas.values()):
+            continue
+        for r in refs:
+            if r.alias.lower() == col.name.lower():
+                r.columns = None
+    if everything:
+        for r in refs:
+            r.columns = None
+
+
+def _needed_columns(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]) -> None:
+    _reads_whole_rows(tree, refs, schemas)
+    for col in tree.find_all(exp.Column):
+        for i in _owner(col, refs, schemas):
+            cols = refs[i].columns
+            actual = _actual(col.name, schemas[refs[i].alias])
+            if cols is not None and actual is not None:
+                cols.add(actual)
+
+
+def _conjuncts(where: Any) -> list[Any]:
+    if isinstance(where, exp.And):
+        return _conjuncts(where.left) + _conjuncts(where.right)
+    if isinstance(where, exp.Paren):
+        return _conjuncts(where.this)
+    return [where]
+
+
+def _pushdown(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]) -> None:
+    if not isinstance(tree, exp.Select) or tree.args.get("where") is None:
+        return
+    joins = tree.args.get("joins") or []
+    if any(j.side or j.kind in ("OUTER", "FULL") for j in joins):
+        return
+    source = tree.args.get("from_") or tree.args.get("from")  # the key differs by sqlglot version
+    direct = {id(n) for n in [source, *joins] if n is not None}
+    for conj in _conjuncts(tree.args["where"].this):
+        if conj.find(exp.Subquery, exp.Select, exp.Placeholder):
+            continue
+        owners = {i for c in conj.find_all(exp.Column) for i in _owner(c, refs, schemas)}
+        if len(owners) != 1:
+            continue
+        ref = refs[owners.pop()]
+        if id(ref.node.parent) not in direct:
+            continue  # a table inside a subquery or CTE: its WHERE is not this one
+        bare = conj.copy()
+        for c in bare.find_all(exp.Column):
+            c.set("table", None)
+        ref.filters.append(bare.sql(DIALECT))
+
+
+def plan_refs(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]) -> None:
+    """Fill each ref's needed columns and pushable filters."""
+    _needed_columns(tree, refs, schemas)
+    _pushdown(tree, refs, schemas)
+
+
+def rewrite(tree: exp.Query, refs: Sequence[TableRef], relation_of: Sequence[int]) -> str:
+    """The statement as DuckDB runs it: reference ``i`` reads view ``__harness_<relation_of[i]>``
+    under its own alias (references of one table at one version share a view)."""
+    copy = tree.copy()
+    for i, node in _rewrite_targets(copy, refs):
+        view = exp.to_table(f"__harness_{relation_of[i]}")
+        node.replace(exp.alias_(view, refs[i].alias, table=True))
+    return copy.sql(DIALECT)
+
+
+def reads_more_than_once(tree: exp.Query) -> bool:
+    """True when DuckDB may scan one table reference more than once: CTEs (inlined per use,
+    recursive ones per iteration). A stream can be read once only."""
+    return tree.find(exp.CTE) is not None
+
+
+def check_duckdb_functions(sql: str) -> None:
+    """The ``denied`` check on DuckDB's own parse of ``sql``: whatever syntax calls a function
+    (``'x'.current_setting()``, ``main.f()``, a quoted name), DuckDB names it here. Parsing
+    only (the gateway's metadata database): nothing of the statement is bound or evaluated."""
+    from flight_gateway.faces.flightsql.engine import metadata
+
+    con = metadata()
+    try:
+        parsed = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    finally:
+        con.close()
+    if parsed.get("error"):
+        raise InvalidArgument(f"the query failed: {parsed.get('error_message')}")
+    for name in _function_names(parsed):
+        if denied(name):
+            raise _refuse(name)
+    _check_duckdb_tables(parsed)
+
+
+_INTERNAL = re.compile(r"^__harness_[0-9]+$")
+
+
+def _check_duckdb_tables(parsed: Any) -> None:
+    """Every table DuckDB will look up is one of the statement's views or a CTE (no table
+    function), and no CTE takes a reserved name: so no name can reach DuckDB's catalog, settings or attached
+    servers, whatever scoping the first parse got wrong."""
+    ctes: set[str] = set()
+    tables: list[Mapping[str, Any]] = []
+    stack = [parsed]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "BASE_TABLE":
+                tables.append(node)
+            elif node.get("type") == "TABLE_FUNCTION":  # the first parse refuses them too
+                name = (node.get("function") or {}).get("function_name", "?")
+                raise InvalidArgument(
+                    f"table function {name}() is not allowed; read harness tables by name"
+                )
+            for entry in (node.get("cte_map") or {}).get("map", []):
+                ctes.add(str(entry.get("key", "")).lower())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    for name in ctes:
+        if denied(name) or name.startswith(("__", "sqlite_")) or name in _SYSTEM_NAMES:
+            raise InvalidArgument(f"{name!r} is reserved: name the CTE differently")
+    for t in tables:
+        name = str(t.get("table_name", ""))
+        qualified = t.get("schema_name") or t.get("catalog_name")
+        if qualified or not (_INTERNAL.fullmatch(name) or name.lower() in ctes):
+            raise InvalidArgument(f"table {name!r} is not a harness table of this statement")
+
+
+def _function_names(tree: Any) -> Iterator[str]:
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("function_name"), str):
+                yield node["function_name"]
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _rewrite_targets(tree: exp.Query, refs: Sequence[TableRef]) -> list[tuple[int, exp.Table]]:
+    """The table nodes of a copy of the statement, matched to its refs by position."""
+    nodes = [n for n in tree.find_all(exp.Table) if n.name and not is_cte_reference(n)]
+    if len(nodes) != len(refs):
+        raise InvalidArgument("could not map the statement's tables")
+    return list(enumerate(nodes))

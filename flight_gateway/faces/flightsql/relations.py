@@ -1,0 +1,169 @@
+"""What DuckDB scans for one harness table of a statement: the table planned once at its pinned
+version (every reference of the statement shares it), each source as the relation its kind
+describes (``ScansInEngine``: pinned Parquet files, a PostgreSQL query) or, for the others, the
+harness stream of its tasks, opened lazily and never materialised by the gateway."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+import pyarrow as pa
+
+from flight_gateway.catalog import TableSnapshot
+from flight_gateway.core.read.plain import plan_sources
+from flight_gateway.core.read.shape import arrow_schema, column_specs, resolve
+from flight_gateway.protocol import ReadRequest
+from flight_gateway.protocol.errors import InvalidArgument
+from planners.execute import execute
+from planners.kind import ColumnSpec, EngineScan, ParquetScan, ScansInEngine, ScanTask, SourceKind
+
+if TYPE_CHECKING:
+    from flight_gateway.core.read import ReadService
+
+log = logging.getLogger(__name__)
+_GLOB = re.compile(r"[*?\[\]{}]")
+
+
+@dataclass
+class Part:
+    """One source of a table: ``scan`` for the engine, else ``open`` gives its stream."""
+
+    source: str
+    kind: str
+    tasks: int
+    scan: EngineScan | None = None
+    open: Callable[[], pa.RecordBatchReader] | None = None
+
+
+@dataclass
+class TableRelation:
+    table: str
+    version: int
+    columns: tuple[ColumnSpec, ...]  # the harness columns the statement uses, in table order
+    schema: pa.Schema  # their Arrow types
+    parts: list[Part] = field(default_factory=list)
+    filter: str | None = None
+    pruned: list[str] = field(default_factory=list)  # sources the filter rules out
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "version": self.version,
+            "columns": self.schema.names,
+            "filter": self.filter,
+            "sources": [
+                {
+                    "name": p.source,
+                    "kind": p.kind,
+                    "pruned": False,
+                    "tasks": p.tasks,
+                    "scan": type(p.scan).__name__ if p.scan is not None else "stream",
+                }
+                for p in self.parts
+            ]
+            + [{"name": name, "pruned": True, "tasks": 0} for name in self.pruned],
+        }
+
+
+def _accepted(snap: TableSnapshot, conjuncts: Sequence[str]) -> list[str]:
+    """The conjuncts the harness filter language takes (the others stay DuckDB's alone)."""
+    out = []
+    for c in conjuncts:
+        try:
+            resolve(snap, None, c)
+        except InvalidArgument:
+            continue
+        out.append(c)
+    return out
+
+
+def combined_filter(snap: TableSnapshot, filters: Sequence[Sequence[str]]) -> str | None:
+    """One filter for a table several references share: a row any of them may need passes
+    (each reference's own conjuncts still apply in the statement)."""
+    kept = [_accepted(snap, f) for f in filters]
+    if not kept or any(not f for f in kept):
+        return None
+    ors = [" AND ".join(f"({c})" for c in conj) for conj in kept]
+    unique = list(dict.fromkeys(ors))
+    return unique[0] if len(unique) == 1 else " OR ".join(f"({o})" for o in unique)
+
+
+def _chain(
+    schema: pa.Schema, kind: SourceKind, request: Any, tasks: Sequence[ScanTask], output: list[str]
+) -> Callable[[], pa.RecordBatchReader]:
+    def open_() -> pa.RecordBatchReader:
+        def gen() -> Iterator[pa.RecordBatch]:
+            for task in tasks:  # one task open at a time
+                reader = execute(kind, request, task, output)
+                try:
+                    yield from reader
+                finally:
+                    reader.close()
+
+        return pa.RecordBatchReader.from_batches(schema, gen())
+
+    return open_
+
+
+def local_path(location: str) -> str | None:
+    """The local path of a file location, or None when it is not a local file."""
+    if location.startswith("file:"):
+        return unquote(urlsplit(location).path)
+    if "://" in location or not os.path.isabs(location):
+        return None
+    return location
+
+
+def _local(scan: EngineScan | None) -> EngineScan | None:
+    """Parquet scans with local paths; None (stream it) for files in remote storage, whose
+    credentials the engine does not hold."""
+    if not isinstance(scan, ParquetScan):
+        return scan
+    paths = [local_path(f) for f in scan.files]
+    if any(p is None or _GLOB.search(p) for p in paths):
+        return None  # DuckDB would read a name with * ? [ ] { } as a pattern: stream it
+    return ParquetScan(tuple(p for p in paths if p), scan.field_ids)
+
+
+def empty_relation(snap: TableSnapshot, columns: Sequence[str]) -> TableRelation:
+    """``columns`` of ``snap`` with no rows (typing a statement's result plans nothing)."""
+    specs = column_specs(snap, columns)
+    return TableRelation(snap.table, snap.version, specs, arrow_schema(snap.schema, columns))
+
+
+def plan_table(
+    reads: ReadService,
+    snap: TableSnapshot,
+    columns: Sequence[str],
+    filter_text: str | None,
+    engine_scans: bool = True,
+) -> TableRelation:
+    """Plan ``columns`` of ``snap`` for the engine; ``filter_text`` prunes sources and files
+    only (the statement applies its own filter)."""
+    try:
+        shape = resolve(snap, columns, filter_text)
+    except InvalidArgument:  # a conjunct the harness filter language cannot take
+        shape, filter_text = resolve(snap, columns, None), None
+    schema = arrow_schema(snap.schema, shape.projection)
+    specs = column_specs(snap, shape.projection)
+    out = TableRelation(snap.table, snap.version, specs, schema, filter=filter_text)
+    for sp in plan_sources(reads.gw, snap, ReadRequest(table=snap.table), shape):
+        if sp.kind is None or sp.request is None:
+            out.pruned.append(sp.name)
+            continue
+        if not sp.tasks:
+            continue
+        scan = None
+        if engine_scans and isinstance(sp.kind, ScansInEngine):
+            scan = _local(sp.kind.engine_scan(sp.request, sp.tasks))
+        part = Part(sp.name, sp.kind_name, len(sp.tasks), scan)
+        if scan is None:
+            part.open = _chain(schema, sp.kind, sp.request, sp.tasks, list(shape.projection))
+        out.parts.append(part)
+    return out

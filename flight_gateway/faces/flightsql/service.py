@@ -1,0 +1,395 @@
+"""The Flight SQL surface of the gateway, on the same port and auth as the native protocol.
+
+Flight SQL commands are ``google.protobuf.Any`` messages of package
+``arrow.flight.protocol.sql`` in CMD descriptors, tickets and action bodies; the native
+protocol's JSON descriptors and ``h1.`` tickets never parse as one, so both share the server.
+Served: ``CommandStatementQuery`` (+ ``TicketStatementQuery``), prepared statements with
+parameters (``CreatePreparedStatement``/``ClosePreparedStatement`` actions, parameters bound by
+DoPut, ``CommandPreparedStatementQuery``), ``CommandGetSqlInfo``, ``CommandGetCatalogs``,
+``CommandGetDbSchemas``, ``CommandGetTables``, ``CommandGetTableTypes`` and
+``CommandGetPrimaryKeys``. Everything else is UNIMPLEMENTED; updates are refused (read-only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight_gateway import __version__
+from flight_gateway.core import tracing
+from flight_gateway.core.auth import Principal
+from flight_gateway.core.limits import SqlLimits
+from flight_gateway.core.read.shape import column_specs
+from flight_gateway.core.services import Core
+from flight_gateway.core.write.ingest import read_upload
+from flight_gateway.faces.flightsql import engine, metadata, query, relations
+from flight_gateway.faces.flightsql.handles import HandleSealer
+from flight_gateway.faces.flightsql.workers import Execution, Plan, WorkerPool
+from flight_gateway.protocol import ReadRequest
+from flight_gateway.protocol.errors import InvalidArgument
+from flight_gateway.protocol.flightsql import is_statement, pack, pb, unpack
+
+log = logging.getLogger(__name__)
+#: Bound parameters are one row: more than this decoded is RESOURCE_EXHAUSTED.
+MAX_PARAMETER_BYTES = 1 << 20
+SQL_INFO: dict[int, str | bool | int] = {
+    pb.FLIGHT_SQL_SERVER_NAME: "DataHarness Flight gateway",
+    pb.FLIGHT_SQL_SERVER_VERSION: __version__,
+    pb.FLIGHT_SQL_SERVER_ARROW_VERSION: pa.__version__,
+    pb.FLIGHT_SQL_SERVER_READ_ONLY: True,
+    pb.FLIGHT_SQL_SERVER_SQL: True,
+    pb.FLIGHT_SQL_SERVER_SUBSTRAIT: False,
+    pb.SQL_DDL_CATALOG: False,
+    pb.SQL_DDL_SCHEMA: False,
+    pb.SQL_DDL_TABLE: False,
+    pb.SQL_IDENTIFIER_QUOTE_CHAR: '"',
+}
+
+
+@dataclass
+class Result:
+    schema: pa.Schema
+    table: pa.Table | None = None  # computed at planning (metadata), else at DoGet
+    app_metadata: bytes = b""
+
+
+@dataclass(frozen=True)
+class Statement:
+    tree: Any
+    refs: list[query.TableRef]
+    relation_of: list[int]  # reference -> relation
+    again: list[bool]  # relation -> may DuckDB scan it more than once
+
+
+class FlightSqlService:
+    """Flight SQL over the core, carried by the Flight face (``faces.flight.server.Carried``)."""
+
+    #: The Flight SQL actions (every other action is the Flight face's).
+    actions = frozenset({"CreatePreparedStatement", "ClosePreparedStatement"})
+
+    def __init__(
+        self,
+        core: Core,
+        key: bytes,
+        ttl_s: float = 3600.0,
+        limits: SqlLimits | None = None,
+        workers: int = 4,
+    ) -> None:
+        self.core = core
+        self.reads = core.reads
+        self.limits = limits or SqlLimits()
+        self.workers = WorkerPool(engine.worker_limits(self.limits), workers)
+        self.catalog = core.catalog
+        #: Handles expire like tickets (the gateway's ``ticket_ttl_s``).
+        self.handles = HandleSealer(key, ttl_s)
+
+    @staticmethod
+    def claim(data: bytes) -> Any | None:
+        """The Flight SQL message in a command or ticket (None: a native one)."""
+        return unpack(data)
+
+    # ------------------------------------------------------------------ statements
+
+    def _statement(self, sql: str, params: Sequence[Any], who: Principal) -> dict[str, Any]:
+        """Parse, check permissions and pin: the handle's content."""
+        with tracing.span("sql.parse"):
+            tree = query.parse(sql)
+        if params:
+            tree = query.bind_parameters(tree, params)
+        elif any(True for _ in tree.find_all(query.exp.Placeholder)):
+            raise InvalidArgument("the statement has parameters: prepare it and bind them")
+        refs = query.table_refs(tree)
+        moment = self.catalog.now()  # one cut for every table not pinned explicitly
+        pins, ids = [], []
+        for r in refs:
+            who.require("read", r.table)
+            if r.version is not None:
+                snap = self.reads.snapshot(r.table, r.version)
+            else:
+                snap = self.reads.snapshot(
+                    r.table, None, r.as_of if r.as_of is not None else moment
+                )
+            pins.append(snap.version)
+            ids.append(snap.table_id)
+        sql = tree.sql(query.DIALECT)
+        return {"kind": "statement", "sql": sql, "pins": pins, "ids": ids, "who": who.name}
+
+    def _prepare_reads(
+        self, handle: dict[str, Any], who: Principal | None = None
+    ) -> tuple[Any, list[query.TableRef], list[Any]]:
+        tree = query.parse(handle["sql"])
+        refs = query.table_refs(tree)
+        if who is not None:  # before the catalog is asked anything
+            for ref in refs:
+                who.require("read", ref.table)
+        snaps = []
+        ids = handle.get("ids") or [None] * len(refs)
+        for ref, version, table_id in zip(refs, handle["pins"], ids, strict=True):
+            ref.version, ref.as_of = int(version), None
+            snaps.append(self.reads.snapshot(ref.table, ref.version, table_id=table_id))
+        schemas = {
+            r.alias: {f.name for f in s.schema.fields} for r, s in zip(refs, snaps, strict=True)
+        }
+        query.plan_refs(tree, refs, schemas)
+        return tree, refs, snaps
+
+    def _relations(
+        self, handle: dict[str, Any], plan: bool, who: Principal | None = None
+    ) -> tuple[Statement, list[relations.TableRelation]]:
+        """One relation per table and version the statement reads (planned when ``plan``, else
+        empty relations of the right columns), and which one each reference reads; ``who``
+        must be allowed to read every table."""
+        tree, refs, snaps = self._prepare_reads(handle, who)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, snap in enumerate(snaps):
+            groups.setdefault((snap.table_id, snap.version), []).append(i)
+        relation_of = [0] * len(refs)
+        rels, again = [], []
+        for n, members in enumerate(groups.values()):
+            snap = snaps[members[0]]
+            names = [f.name for f in snap.schema.fields]
+            wanted = [refs[i].columns for i in members]
+            if any(w is None for w in wanted):
+                cols = names
+            else:
+                used = set().union(*[w for w in wanted if w is not None])
+                cols = [c for c in names if c in used] or names[:1]  # one, so row counts hold
+            flt = relations.combined_filter(snap, [refs[i].filters for i in members])
+            if plan:
+                rels.append(relations.plan_table(self.reads, snap, cols, flt))
+            else:
+                rels.append(relations.empty_relation(snap, cols))
+            again.append(len(members) > 1 or query.reads_more_than_once(tree))
+            for i in members:
+                relation_of[i] = n
+        return Statement(tree, refs, relation_of, again), rels
+
+    def _run(self, plan: Plan, op: str) -> Execution:
+        dsns = plan.dsns
+
+        def translate(kind: str, message: str) -> BaseException:
+            return engine.translate(kind, message, self.limits, engine.secrets_of(dsns))
+
+        return Execution(
+            self.workers,
+            plan,
+            op,
+            timeout_s=self.limits.timeout_s,
+            spill_limit_mb=self.limits.spill_limit_mb,
+            batch_rows=engine.BATCH_ROWS,
+            translate=translate,
+        )
+
+    def _sql(self, stmt: Statement) -> str:
+        sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
+        query.check_duckdb_functions(sql)
+        return sql
+
+    def schema_of(self, handle: dict[str, Any], who: Principal) -> pa.Schema:
+        """The result schema: the statement over empty relations of the pinned columns (nothing
+        is planned or read), typed by DuckDB in a worker: binding evaluates constant
+        expressions, so typing holds a statement's slots and bounds like running it."""
+        stmt, rels = self._relations(handle, plan=False)
+        plan = engine.build(self._sql(stmt), rels, stmt.again)
+        with self.core.statement_slots(who.name):  # as running it: typing evaluates
+            return self._run(plan, "schema").schema()
+
+    def execute(self, handle: dict[str, Any], who: Principal) -> pa.RecordBatchReader:
+        """The statement's result, streamed as its worker produces it (the caller holds the
+        statement's slots until the stream ends)."""
+        with tracing.span("sql.plan"):
+            stmt, rels = self._relations(handle, plan=True, who=who)
+        sql = self._sql(stmt)
+        try:
+            plan = engine.build(sql, rels, stmt.again)
+        except Exception as e:  # the sources failed, not the caller's SQL
+            raise engine.source_failure(e) from None
+        plan.spill = engine.spill_directory(self.limits)
+        names = [r.table for r in rels]
+        report = {
+            (r.table if names.count(r.table) == 1 else f"{r.table}@{r.version}"): r.report()
+            for r in rels
+        }
+        log.info("flight sql: %s", json.dumps(report))
+        return tracing.traced_stream("sql.execute", self._run(plan, "run").stream())
+
+    def close(self) -> None:
+        self.workers.close()
+
+    # ------------------------------------------------------------------ Flight calls
+
+    def get_flight_info(
+        self, message: Any, descriptor: fl.FlightDescriptor, who: Principal
+    ) -> fl.FlightInfo:
+        self.workers.warm()
+        result, ticket = self._plan(message, who)
+        endpoint = fl.FlightEndpoint(ticket, [])
+        return fl.FlightInfo(
+            result.schema, descriptor, [endpoint], -1, -1, app_metadata=result.app_metadata
+        )
+
+    def _plan(self, message: Any, who: Principal) -> tuple[Result, bytes]:
+        if isinstance(message, pb.CommandStatementQuery):
+            return self._statement_info(self._statement(message.query, (), who), who)
+        if isinstance(message, pb.CommandPreparedStatementQuery):
+            prepared = self._open(message.prepared_statement_handle, who, "prepared")
+            return self._statement_info(
+                self._statement(prepared["sql"], prepared.get("params") or (), who), who
+            )
+        table = self._metadata(message, who)
+        return Result(table.schema, table), pack(message)
+
+    def _statement_info(self, handle: dict[str, Any], who: Principal) -> tuple[Result, bytes]:
+        sealed = self.handles.seal(handle)
+        ticket = pack(pb.TicketStatementQuery(statement_handle=sealed))
+        meta = json.dumps({"pins": handle["pins"]}).encode()
+        return Result(self.schema_of(handle, who), None, meta), ticket
+
+    def _open(
+        self, sealed: bytes, who: Principal, kind: str, keep_expiry: bool = False
+    ) -> dict[str, Any]:
+        """A handle of ``kind`` (``statement``: a planned statement's ticket; ``prepared``: a
+        prepared statement) issued to ``who``."""
+        handle = self.handles.open(sealed, keep_expiry=keep_expiry)
+        if handle.get("kind") != kind:
+            what = "a statement ticket's" if kind == "statement" else "a prepared statement's"
+            raise InvalidArgument(f"this is not {what} handle")
+        if handle.get("who") != who.name:
+            raise InvalidArgument("this statement handle was issued to another principal")
+        return handle
+
+    def do_get(
+        self, message: Any, who: Principal
+    ) -> tuple[pa.RecordBatchReader, Callable[[], None] | None]:
+        """A result and what to run when its stream ends: a statement holds its caller's stream
+        slot and a statement slot until then."""
+        if not is_statement(message):
+            return self._metadata(message, who).to_reader(), None
+        self.core.take_statement_slots(who.name)
+        try:
+            reader = self.execute(self._open(message.statement_handle, who, "statement"), who)
+        except BaseException:
+            self.core.release_statement_slots(who.name)
+            raise
+        return reader, lambda: self.core.release_statement_slots(who.name)
+
+    def get_schema(self, message: Any, who: Principal) -> pa.Schema:
+        return self._plan(message, who)[0].schema
+
+    def _metadata(self, m: Any, who: Principal) -> pa.Table:
+        if isinstance(m, pb.CommandGetSqlInfo):
+            return metadata.sql_info(SQL_INFO, list(m.info))
+        if isinstance(m, pb.CommandGetCatalogs):
+            return metadata.catalogs()
+        if isinstance(m, pb.CommandGetDbSchemas):
+            catalog = m.catalog if m.HasField("catalog") else None
+            pattern = m.db_schema_filter_pattern if m.HasField("db_schema_filter_pattern") else None
+            return metadata.db_schemas(catalog, pattern)
+        if isinstance(m, pb.CommandGetTables):
+            return self._tables(m, who)
+        if isinstance(m, pb.CommandGetTableTypes):
+            return metadata.table_types()
+        if isinstance(m, pb.CommandGetPrimaryKeys):
+            who.require("read", m.table)
+            return metadata.primary_keys(m.table, self.reads.snapshot(m.table).primary_key)
+        raise NotImplementedError(f"Flight SQL command {type(m).__name__} is not supported")
+
+    def _tables(self, m: Any, who: Principal) -> pa.Table:
+        catalog = m.catalog if m.HasField("catalog") else None
+        schema_pattern = (
+            m.db_schema_filter_pattern if m.HasField("db_schema_filter_pattern") else None
+        )
+        name_pattern = (
+            m.table_name_filter_pattern if m.HasField("table_name_filter_pattern") else None
+        )
+        types = list(m.table_types)
+        names: list[str] = []
+        if metadata.in_scope(catalog, schema_pattern) and (not types or "TABLE" in types):
+            names = [
+                n
+                for n in self.catalog.list_tables()
+                if who.can("read", n) and metadata.sql_like(name_pattern, n)
+            ]
+        if not m.include_schema:
+            return metadata.tables(names, None)
+        schemas = [self.reads.schema_for(ReadRequest(table=n))[1] for n in names]
+        return metadata.tables(names, schemas)
+
+    # ------------------------------------------------------------------ actions and DoPut
+
+    def do_action(self, action_type: str, body: bytes, who: Principal) -> list[bytes]:
+        self.workers.warm()
+        if action_type == "CreatePreparedStatement":
+            request = unpack(body)
+            if not isinstance(request, pb.ActionCreatePreparedStatementRequest):
+                raise InvalidArgument(
+                    "CreatePreparedStatement needs an ActionCreatePreparedStatementRequest"
+                )
+            tree = query.parse(request.query)
+            for ref in query.table_refs(tree):
+                who.require("read", ref.table)
+            handle = {"kind": "prepared", "sql": request.query, "params": None, "who": who.name}
+            result = pb.ActionCreatePreparedStatementResult(
+                prepared_statement_handle=self.handles.seal(handle)
+            )
+            # The result's schema, typed now: JDBC takes a prepared statement without one for
+            # an update. Parameters are typed as NULL (their types come with their values).
+            count = query.parameter_count(tree)
+            typed = self._statement(request.query, [{"sql": "NULL"}] * count, who)
+            result.dataset_schema = self.schema_of(typed, who).serialize().to_pybytes()
+            if count:
+                result.parameter_schema = self._parameter_schema(tree).serialize().to_pybytes()
+            return [pack(result)]
+        if action_type == "ClosePreparedStatement":
+            return []  # handles hold no server state
+        raise NotImplementedError(f"Flight SQL action {action_type!r} is not supported")
+
+    def _parameter_schema(self, tree: Any) -> pa.Schema:
+        """The parameters' types, for clients that bind by them (JDBC): each that of the column
+        it is compared with, else a string. A client may bind any type: the values' own
+        types are used when the statement runs."""
+        types: dict[str, pa.DataType] = {}
+        for ref in query.table_refs(tree):
+            snap = self.reads.snapshot(ref.table)
+            for c in column_specs(snap, snap.schema.names):
+                types.setdefault(c.name, c.arrow_type)
+        columns = query.placeholder_columns(tree)
+        return pa.schema([
+            pa.field(f"parameter_{i + 1}", types.get(c or "", pa.string()))
+            for i, c in enumerate(columns)
+        ])  # fmt: skip
+
+    def do_put(self, message: Any, reader: fl.MetadataRecordBatchReader, who: Principal) -> bytes:
+        if isinstance(message, pb.CommandPreparedStatementQuery):
+            prepared = self._open(message.prepared_statement_handle, who, "prepared", True)
+            params = read_upload(reader, MAX_PARAMETER_BYTES)
+            if params.num_rows > 1:
+                raise InvalidArgument("bind one row of parameters per execution")
+            row = params.to_pylist()[0] if params.num_rows else {}
+            # As SQL literals of their types: the handle is JSON, and a timestamp, decimal or
+            # bytes value must come back as itself.
+            prepared["params"] = [query.literal(v) for v in row.values()]
+            sealed = self.handles.seal(prepared)
+            return bytes(
+                pb.DoPutPreparedStatementResult(
+                    prepared_statement_handle=sealed
+                ).SerializeToString()
+            )
+        if isinstance(
+            message,
+            pb.CommandStatementUpdate
+            | pb.CommandPreparedStatementUpdate
+            | pb.CommandStatementIngest
+            | pb.CommandStatementSubstraitPlan,
+        ):
+            raise InvalidArgument(
+                "this Flight SQL endpoint is read-only: write with DoPut on a harness descriptor "
+                "and commit with the harness actions"
+            )
+        raise NotImplementedError(f"Flight SQL command {type(message).__name__} is not supported")

@@ -1,0 +1,321 @@
+"""The process a Flight SQL statement runs in: DuckDB under a hard memory bound.
+
+Why a process of its own: DuckDB evaluates constant expressions while it binds a statement, and
+its ``memory_limit`` covers its buffer manager, not the strings and lists expressions compute
+(``SELECT length(repeat('x', 400000000))`` reached 971 MB with ``memory_limit=100MB``). In the
+gateway's process a few such calls, typing included, took it from 222 MB to 2.5 GB. Here the
+process's data segment is capped (``RLIMIT_DATA``: the worker's own size after start-up plus
+``limits.sql_memory_limit_mb``), so an allocation past it fails inside DuckDB, which reports
+"Out of Memory" for that statement alone (measured: the process and its next statement are
+fine), and nothing a statement computes can reach the gateway's memory.
+
+The gateway (``workers.py``) talks to a worker over a Unix socket: one JSON request at a time,
+with file descriptors attached (the result pipe, an interrupt pipe, one pipe per streamed
+source), and one JSON answer when the statement has ended. The result travels as an Arrow IPC
+stream on its own pipe. This module imports only DuckDB and pyarrow: it is the worker's
+``__main__`` (``python -m flight_gateway.faces.flightsql.worker FD``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import resource
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+_HEADER = struct.Struct("!I")
+MAX_FDS = 256
+#: Buffer of the files over the result and stream pipes (Python reads of a pipe return what
+#: is there; Arrow's IPC reader needs whole messages, which buffered reads assemble).
+PIPE_BUFFER = 1 << 20
+#: A spare connection (its PostgreSQL servers attached: about 80 ms each) is kept this long.
+SPARE_IDLE_S = 60.0
+
+
+# --- framing (both sides) ----------------------------------------------------------------------
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    frame = _HEADER.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [frame[:4096]], list(fds))
+        if len(frame) > 4096:
+            sock.sendall(frame[4096:])
+    else:
+        sock.sendall(frame)
+
+
+def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """The next message and its descriptors; (None, []) when the other side has gone."""
+    data, fds, _, _ = socket.recv_fds(sock, 4096, MAX_FDS)
+    if not data:
+        return None, list(fds)
+    while len(data) < _HEADER.size:
+        more = sock.recv(4096)
+        if not more:
+            return None, list(fds)
+        data += more
+    (size,) = _HEADER.unpack(data[: _HEADER.size])
+    body = data[_HEADER.size :]
+    while len(body) < size:
+        more = sock.recv(min(1 << 20, size - len(body)))
+        if not more:
+            return None, list(fds)
+        body += more
+    return json.loads(body), list(fds)
+
+
+# --- the worker --------------------------------------------------------------------------------
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmData", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, limits: dict[str, Any]) -> None:
+        import duckdb
+
+        self.duckdb = duckdb
+        self.sock = sock
+        self.limits = limits
+        self.spare: tuple[tuple[str, ...], float, Any] | None = None
+        self._spare_lock = threading.Lock()
+
+    def connect(self, dsns: Sequence[str]) -> Any:
+        """A fresh DuckDB database with the statement limits and ``dsns`` attached read-only as
+        ``__pg_<i>`` (the spare one made after the last statement, when it fits)."""
+        key = tuple(dsns)
+        with self._spare_lock:
+            spare, self.spare = self.spare, None
+        if spare is not None:
+            if spare[0] == key and time.monotonic() - spare[1] < SPARE_IDLE_S:
+                return spare[2]
+            spare[2].close()
+        return self._new(key)
+
+    def _new(self, dsns: Sequence[str]) -> Any:
+        limits = self.limits
+        con = self.duckdb.connect(
+            config={
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+                "memory_limit": f"{int(limits['duckdb_memory_mb'])}MB",
+                "threads": int(limits["threads"]),
+            }
+        )
+        try:
+            con.execute("SET TimeZone = 'UTC'")  # results do not depend on the gateway's zone
+            if dsns:
+                import duckdb_extensions
+
+                duckdb_extensions.import_extension("postgres", con=con)
+            for i, dsn in enumerate(dsns):
+                con.execute(f"ATTACH {_quote(dsn)} AS __pg_{i} (TYPE postgres, READ_ONLY)")
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+    def _make_spare(self, dsns: tuple[str, ...]) -> None:
+        try:
+            con = self._new(dsns)
+        except Exception:  # the next statement reports it when it needs the servers
+            return
+        with self._spare_lock:
+            old, self.spare = self.spare, (dsns, time.monotonic(), con)
+        if old is not None:
+            old[2].close()
+
+    # ------------------------------------------------------------------ one statement
+
+    def run(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        op = request["op"]
+        result_fd = fds.pop(0) if op == "run" else None
+        interrupt_fd = fds.pop(0)
+        con = None
+        opened: list[Any] = []  # files over the stream pipes (they own those descriptors)
+        finished = threading.Event()
+        try:
+            con = self.connect(request.get("dsns") or [])
+            threading.Thread(target=_watch, args=(interrupt_fd, con, finished), daemon=True).start()
+            interrupt_fd = -1  # the watcher closes it
+            try:
+                _setup(con, request, fds, opened)
+            except Exception as e:
+                raise SetupFailed(e) from e
+            if op == "schema":
+                schema = con.sql(request["sql"]).limit(0).to_arrow_table().schema
+                return {"schema": base64.b64encode(schema.serialize().to_pybytes()).decode()}
+            assert result_fd is not None
+            sink, result_fd = result_fd, None
+            return {"rows": _stream(con, request["sql"], int(request["batch_rows"]), sink)}
+        except BaseException as e:
+            return {"error": _kind(e, self.duckdb), "message": str(e)[:4000]}
+        finally:
+            finished.set()
+            for left in [result_fd, interrupt_fd, *fds]:
+                if left is not None and left >= 0:
+                    _close_fd(left)
+            if con is not None:
+                con.close()
+            for f in opened:
+                with contextlib.suppress(OSError):
+                    f.close()
+            if request.get("dsns"):
+                threading.Thread(
+                    target=self._make_spare, args=(tuple(request["dsns"]),), daemon=True
+                ).start()
+
+    def serve(self) -> None:
+        while True:
+            request, fds = receive(self.sock)
+            if request is None or request.get("op") == "exit":
+                return
+            answer = self.run(request, fds)
+            answer.update(_status())
+            send(self.sock, answer)
+
+
+def _setup(con: Any, request: dict[str, Any], fds: list[int], opened: list[Any]) -> None:
+    """The statement's relations, then the sandbox: external access off, config locked."""
+    import pyarrow as pa
+
+    spill = request.get("spill")
+    if spill:
+        con.execute(f"SET temp_directory = {_quote(spill)}")
+        con.execute(f"SET max_temp_directory_size = '{int(request['spill_limit_mb'])}MB'")
+    for step in request.get("steps", []):
+        if "sql" in step:
+            con.execute(step["sql"])
+            continue
+        i = int(step["fd"])
+        source = os.fdopen(fds[i], "rb", buffering=PIPE_BUFFER)
+        fds[i] = -1
+        opened.append(source)
+        con.register(step["stream"], pa.ipc.open_stream(source))
+        if step.get("materialize"):  # read several times: DuckDB keeps it (spilling)
+            con.execute(
+                f"CREATE TEMP TABLE {step['stream']}_rows AS SELECT * FROM {step['stream']}"
+            )
+            con.unregister(step["stream"])
+    paths = ", ".join(_quote(f) for f in dict.fromkeys(request.get("files", [])))
+    con.execute(f"SET allowed_paths = [{paths}]")
+    if spill:
+        con.execute(f"SET allowed_directories = [{_quote(spill + os.sep)}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def _stream(con: Any, sql: str, batch_rows: int, fd: int) -> int:
+    """The result as an Arrow IPC stream on ``fd`` (closed here); the end-of-stream marker
+    only when whole."""
+    import pyarrow as pa
+
+    sink = os.fdopen(fd, "wb", buffering=PIPE_BUFFER)
+    try:
+        reader = con.execute(sql).to_arrow_reader(batch_rows)
+        rows = 0
+        writer = pa.ipc.new_stream(sink, reader.schema)
+        for batch in reader:
+            writer.write_batch(batch)
+            rows += batch.num_rows
+        writer.close()
+        sink.flush()
+        return rows
+    finally:
+        # Without the end-of-stream marker when it failed: the reader cannot take a part for
+        # the whole.
+        with contextlib.suppress(OSError):
+            sink.close()
+
+
+def _watch(fd: int, con: Any, finished: threading.Event) -> None:
+    """Interrupt the statement when the gateway writes to (or closes) the interrupt pipe before
+    it has finished: its time ran out, or its caller went away."""
+    with contextlib.suppress(OSError):
+        os.read(fd, 1)
+    _close_fd(fd)
+    if not finished.is_set():
+        con.interrupt()
+
+
+class SetupFailed(Exception):
+    """Creating the statement's relations failed: a source, not the caller's SQL."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _kind(e: BaseException, duckdb: Any) -> str:
+    if isinstance(e, SetupFailed):
+        inner = _kind(e.cause, duckdb)
+        return inner if inner in ("memory", "interrupted") else "source"
+    if isinstance(e, duckdb.InterruptException):
+        return "interrupted"
+    if isinstance(e, MemoryError | duckdb.OutOfMemoryException) or "Out of Memory" in str(e):
+        return "memory"
+    if isinstance(e, BrokenPipeError) or "Broken pipe" in str(e):
+        return "interrupted"  # the gateway closed the result: its caller went away
+    if isinstance(e, duckdb.IOException):
+        return "io"
+    if isinstance(e, duckdb.Error):
+        return "query"
+    return "internal"
+
+
+def _close_fd(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _bound_memory(headroom_mb: int) -> int:
+    """Cap the data segment at what the worker uses now plus the statement's allowance."""
+    limit = _status()["VmData"] + (int(headroom_mb) << 20)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    return limit
+
+
+def main(argv: Sequence[str]) -> int:
+    limits = json.loads(argv[1])
+    sock = socket.socket(fileno=int(argv[0]))
+    import pyarrow as pa
+
+    worker = Worker(sock, limits)
+    # Warm up what every statement uses (DuckDB's threads, the postgres extension, the IPC
+    # writer) before measuring the size the memory bound is added to.
+    con = worker._new(())
+    con.execute("SELECT sum(range) FROM range(100000)").fetchall()
+    pa.ipc.new_stream(pa.BufferOutputStream(), pa.schema([])).close()
+    import duckdb_extensions
+
+    duckdb_extensions.import_extension("postgres", con=con)
+    con.close()
+    limit = _bound_memory(int(limits["memory_limit_mb"]))
+    send(sock, {"ready": os.getpid(), "data_limit": limit, **_status()})
+    worker.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

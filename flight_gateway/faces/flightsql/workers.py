@@ -1,0 +1,443 @@
+"""Statement worker processes, from the gateway's side: started, lent, taken back, replaced.
+
+Each Flight SQL statement, and each typing of one, runs in a worker process (``worker.py``)
+under a hard memory bound, so a statement past its memory fails alone and the gateway's own
+memory is not the statement's. The pool holds at most ``limits.max_concurrent_statements``
+workers (the gateway-wide statement slots bound how many are lent at once); idle ones wait
+warm for the next statement (starting one takes about 0.4 s: Python, DuckDB, pyarrow). A worker
+that died, was killed or grew past its start-up size by more than ``RECYCLE_MB`` is replaced.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from flight_gateway.faces.flightsql import worker as protocol
+from flight_gateway.protocol.errors import HarnessError, ResourceExhausted, Unavailable
+
+log = logging.getLogger(__name__)
+
+#: A worker whose resident size grew this far past its start-up size is replaced after its
+#: statement (memory its allocators kept would otherwise count against the next statement).
+RECYCLE_MB = 256
+#: How long a worker has to stop after it was interrupted before it is killed.
+GRACE_S = 10.0
+PIPE_BYTES = 1 << 20
+START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    """What a worker is started with (``SqlLimits`` of the gateway)."""
+
+    memory_limit_mb: int  # hard: the worker's size at start plus this
+    duckdb_memory_mb: int  # DuckDB's buffer manager spills past this
+    threads: int
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+
+class WorkerDied(Exception):
+    pass
+
+
+class Worker:
+    def __init__(self, limits: WorkerLimits) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"}
+        cmd = [sys.executable, "-m", "flight_gateway.faces.flightsql.worker", str(child.fileno())]
+        self.proc = subprocess.Popen(
+            [*cmd, limits.to_json()], pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL
+        )
+        child.close()
+        self.sock = parent
+        self.killed = False
+        parent.settimeout(START_TIMEOUT_S)
+        try:
+            ready, _ = protocol.receive(parent)
+        except OSError as e:
+            self.kill()
+            raise Unavailable(f"a statement worker did not start: {e}") from e
+        parent.settimeout(None)
+        if ready is None or "ready" not in ready:
+            self.kill()
+            raise Unavailable("a statement worker did not start (see the gateway's log)")
+        self.base_rss = int(ready["VmRSS"])
+        self.data_limit = int(ready["data_limit"])
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    def ask(self, request: dict[str, Any], fds: Sequence[int]) -> None:
+        try:
+            protocol.send(self.sock, request, fds)
+        except OSError as e:
+            raise WorkerDied(str(e)) from e
+
+    def answer(self) -> dict[str, Any]:
+        try:
+            message, fds = protocol.receive(self.sock)
+        except OSError as e:
+            raise WorkerDied(str(e)) from e
+        for fd in fds:
+            os.close(fd)
+        if message is None:
+            raise WorkerDied(f"exit status {self.proc.wait()}")
+        return message
+
+    def kill(self) -> None:
+        self.killed = True
+        with contextlib.suppress(OSError):
+            self.proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
+        self.sock.close()
+
+    def rss(self) -> int:
+        try:
+            with open(f"/proc/{self.pid}/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            return 0
+
+
+class WorkerPool:
+    def __init__(self, limits: WorkerLimits, size: int) -> None:
+        self.limits, self.size = limits, size
+        self._idle: list[Worker] = []
+        self._lent = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._warming = False
+        self.started = 0  # workers started so far (metrics, tests)
+
+    def warm(self) -> None:
+        """Start a worker ahead of the first statement (once; called on the first Flight SQL
+        call a gateway sees, so one that serves no SQL starts none)."""
+        with self._lock:
+            if self._warming or self._closed:
+                return
+            self._warming = True
+        threading.Thread(target=self._prewarm, daemon=True, name="sql-worker-start").start()
+
+    def _prewarm(self) -> None:
+        try:
+            w = Worker(self.limits)
+        except HarnessError as e:
+            log.warning("no statement worker started ahead: %s", e)
+            return
+        self._put(w)
+
+    def _put(self, w: Worker) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) + self._lent < self.size:
+                self.started += 1
+                self._idle.append(w)
+                return
+        w.kill()
+
+    def take(self) -> Worker:
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the gateway is shutting down")
+            if self._idle:
+                self._lent += 1
+                return self._idle.pop()
+            self._lent += 1
+        try:
+            w = Worker(self.limits)
+        except BaseException:
+            with self._lock:
+                self._lent -= 1
+            raise
+        with self._lock:
+            self.started += 1
+        return w
+
+    def give_back(self, w: Worker, healthy: bool) -> None:
+        grown = w.rss() - w.base_rss > RECYCLE_MB << 20
+        with self._lock:
+            self._lent -= 1
+            if healthy and not grown and not w.killed and not self._closed:
+                self._idle.append(w)
+                return
+        if not w.killed:
+            w.kill()
+        if not self._closed:  # its replacement starts now, off the next statement's path
+            threading.Thread(target=self._prewarm, daemon=True, name="sql-worker-start").start()
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.pid for w in self._idle]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for w in idle:
+            with contextlib.suppress(Exception):
+                w.ask({"op": "exit"}, ())
+            w.kill()
+
+
+# --- one statement -----------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What a worker runs: setup steps (SQL, or a stream registered from a pipe), the statement,
+    the files DuckDB may open, the PostgreSQL servers to attach."""
+
+    sql: str
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    streams: list[Callable[[], pa.RecordBatchReader]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    dsns: tuple[str, ...] = ()
+    spill: str | None = None
+
+    def request(self, op: str, spill_limit_mb: int, batch_rows: int) -> dict[str, Any]:
+        return {
+            "op": op,
+            "sql": self.sql,
+            "steps": self.steps,
+            "files": self.files,
+            "dsns": list(self.dsns),
+            "spill": self.spill,
+            "spill_limit_mb": spill_limit_mb,
+            "batch_rows": batch_rows,
+        }
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    with contextlib.suppress(OSError):  # a larger pipe: fewer wake-ups per batch
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    return r, w
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class _Feeder(threading.Thread):
+    """Writes one streamed source into its pipe as Arrow IPC. A source that fails leaves bytes
+    no IPC reader accepts, so the worker's read of it fails instead of ending short."""
+
+    def __init__(self, open_: Callable[[], pa.RecordBatchReader], fd: int) -> None:
+        super().__init__(daemon=True, name="sql-feed")
+        self.open, self.fd = open_, fd
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        sink = None
+        try:
+            reader = self.open()
+            sink = os.fdopen(self.fd, "wb", buffering=protocol.PIPE_BUFFER)
+            with pa.ipc.new_stream(sink, reader.schema) as writer:
+                for batch in reader:
+                    writer.write_batch(batch)
+        except BaseException as e:
+            if not _broken_pipe(e):  # the statement did not need the rest: not a failure
+                self.error = e
+                with contextlib.suppress(OSError, ValueError):
+                    if sink is not None:
+                        sink.write(b"\xff\xff\xff\xff\xff\xff\xff\x7f")  # an impossible length
+        finally:
+            if sink is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    sink.close()
+            else:
+                _close(self.fd)
+
+
+def _broken_pipe(e: BaseException) -> bool:
+    return isinstance(e, BrokenPipeError) or "Broken pipe" in str(e)
+
+
+class Execution:
+    """A statement lent a worker: feeds its streams, reads its result, returns the worker."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        plan: Plan,
+        op: str,
+        *,
+        timeout_s: float,
+        spill_limit_mb: int,
+        batch_rows: int,
+        translate: Callable[[str, str], BaseException],
+    ) -> None:
+        self.pool, self.plan, self.translate = pool, plan, translate
+        self.worker = pool.take()
+        self._done = False
+        self._answered = False
+        self.result_r: int | None = None
+        self.source: Any = None
+        self.feeders: list[_Feeder] = []
+        fds: list[int] = []
+        try:
+            if op == "run":
+                self.result_r, result_w = _pipe()
+                fds.append(result_w)
+            self.interrupt_r, self.interrupt_w = os.pipe()
+            fds.append(self.interrupt_r)
+            for open_ in plan.streams:
+                r, w = _pipe()
+                fds.append(r)
+                self.feeders.append(_Feeder(open_, w))
+            self.worker.ask(plan.request(op, spill_limit_mb, batch_rows), fds)
+        except BaseException as e:
+            _close(*fds)
+            for f in self.feeders:
+                _close(f.fd)
+            self._finish(healthy=False)
+            if isinstance(e, WorkerDied):
+                raise self._died(e) from None
+            raise
+        _close(*fds)  # the worker has its own copies now
+        for f in self.feeders:
+            f.start()
+        self.timer = threading.Timer(timeout_s, self.interrupt)
+        self.timer.daemon = True
+        self.timer.start()
+        self.timed_out = False
+
+    def interrupt(self, timed_out: bool = True) -> None:
+        """Ask the worker to stop the statement; kill it if it has not within ``GRACE_S``."""
+        self.timed_out = self.timed_out or timed_out
+        with contextlib.suppress(OSError):
+            os.write(self.interrupt_w, b"x")
+        killer = threading.Timer(GRACE_S, self._kill_unless_done)
+        killer.daemon = True
+        killer.start()
+
+    def _kill_unless_done(self) -> None:
+        if not self._answered:
+            log.warning("statement worker %d did not stop when asked: killed", self.worker.pid)
+            self.worker.kill()
+
+    def _died(self, e: BaseException) -> BaseException:
+        if self.timed_out:
+            return self.translate("interrupted", "")
+        return ResourceExhausted(
+            "the statement's worker process ended while it ran (its memory bound, "
+            f"limits.sql_memory_limit_mb, or a crash): {e}"
+        )
+
+    def answer(self) -> dict[str, Any]:
+        """The worker's answer; raises the error it reports."""
+        try:
+            message = self.worker.answer()
+        except WorkerDied as e:
+            self._answered = True
+            self._finish(healthy=False)
+            raise self._died(e) from None
+        self._answered = True
+        failed = next((f.error for f in self.feeders if f.error is not None), None)
+        if "error" in message:
+            self._finish(healthy=message["error"] not in ("memory", "internal"))
+            if failed is not None:  # the source's own failure says more than DuckDB's
+                raise _source_failure(failed)
+            kind = "interrupted" if self.timed_out else str(message["error"])
+            raise self.translate(kind, str(message.get("message", "")))
+        self._finish(healthy=True)
+        if failed is not None:
+            raise _source_failure(failed)
+        return message
+
+    def _finish(self, healthy: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        timer = getattr(self, "timer", None)
+        if timer is not None:
+            timer.cancel()
+        if self.result_r is not None:
+            _close(self.result_r)
+            self.result_r = None
+        self._close_source()
+        _close(getattr(self, "interrupt_w", -1))
+        for f in self.feeders:
+            f.join(GRACE_S)
+        self.pool.give_back(self.worker, healthy)
+        if self.plan.spill:
+            shutil.rmtree(self.plan.spill, ignore_errors=True)
+
+    def _close_source(self) -> None:
+        source, self.source = self.source, None
+        if source is not None:
+            with contextlib.suppress(OSError, ValueError):
+                source.close()
+
+    def schema(self) -> pa.Schema:
+        message = self.answer()
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(message["schema"])))
+
+    def stream(self) -> pa.RecordBatchReader:
+        """The result as the worker produces it. Raises before returning when the statement
+        fails before its first batch; a failure later ends the stream with that error."""
+        assert self.result_r is not None
+        source = os.fdopen(self.result_r, "rb", buffering=protocol.PIPE_BUFFER)
+        self.result_r, self.source = None, source
+        try:
+            reader = pa.ipc.open_stream(source)
+        except (OSError, pa.ArrowInvalid):
+            self.answer()  # the worker reports why it wrote nothing
+            raise Unavailable("the statement ended without a result") from None
+        except BaseException:
+            self.interrupt(timed_out=False)
+            self.close()
+            raise
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                while True:
+                    try:
+                        batch = reader.read_next_batch()
+                    except StopIteration:
+                        break
+                    except (OSError, pa.ArrowInvalid):
+                        break  # cut short: the worker's answer says why
+                    yield batch
+                self.answer()
+            finally:
+                if not self._answered:  # the caller went away: stop the statement
+                    self.interrupt(timed_out=False)
+                    self._close_source()
+                    self.close()
+
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    def close(self) -> None:
+        if self._answered:
+            self._finish(healthy=True)
+            return
+        with contextlib.suppress(HarnessError):
+            self.answer()
+
+
+def _source_failure(e: BaseException) -> BaseException:
+    if isinstance(e, HarnessError):
+        return e
+    return Unavailable(f"a source of the statement could not be read: {e}")

@@ -1,0 +1,192 @@
+"""The Iceberg REST catalog's routes (read side), independent of the HTTP server.
+
+``GET /v1/config``; one namespace, ``harness``; tables listed per the caller's read permission;
+``loadTable`` returns metadata whose current snapshot is the pinned harness version (the latest,
+or ``?version=N``) over its layout: cold files where they are, hot slices made once
+(``flight_gateway.core.layout``). Every write is refused: writes go through DoPut and DoAction.
+Callers are identified by the same rules as on Flight (bearer tokens, client certificates,
+anonymous only when allowed); errors follow the spec's error model, scrubbed of secrets and
+file content like Flight's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from flight_gateway.catalog import TableSnapshot
+from flight_gateway.core.auth import Principal, TokenStore
+from flight_gateway.core.layout import Layouts, SliceStore, VersionLayout
+from flight_gateway.core.read import ReadService
+from flight_gateway.core.secrets import scrub
+from flight_gateway.core.slots import Slots
+from flight_gateway.faces.iceberg_rest.metadata import MetadataWriter
+from flight_gateway.protocol.errors import (
+    HarnessError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unauthenticated,
+    Unauthorized,
+    without_content,
+)
+
+log = logging.getLogger(__name__)
+NAMESPACE = "harness"
+#: The routes this catalog serves (``/v1/config`` advertises them: Iceberg clients >= 1.7 call
+#: nothing else).
+ENDPOINTS = [
+    "GET /v1/{prefix}/namespaces",
+    "GET /v1/{prefix}/namespaces/{namespace}",
+    "HEAD /v1/{prefix}/namespaces/{namespace}",
+    "GET /v1/{prefix}/namespaces/{namespace}/tables",
+    "GET /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+    "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+]
+
+
+class RestError(Exception):
+    def __init__(self, code: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.kind = code, kind
+
+
+def error_body(e: BaseException) -> tuple[int, dict[str, Any]]:
+    """The spec's ``ErrorModel`` for ``e``: a status a caller can act on, never INTERNAL for
+    something it did, no secret and no file content in the message."""
+    if isinstance(e, RestError):
+        err = e
+    elif isinstance(e, Unauthenticated):
+        err = RestError(401, "NotAuthorizedException", str(e))
+    elif isinstance(e, Unauthorized):
+        err = RestError(403, "ForbiddenException", str(e))
+    elif isinstance(e, NotFound):
+        err = RestError(404, "NoSuchTableException", str(e))
+    elif isinstance(e, ResourceExhausted):
+        err = RestError(503, "SlowDownException", str(e))
+    elif isinstance(e, HarnessError):
+        err = RestError(400, "BadRequestException", str(e))
+    else:
+        log.error("iceberg rest: internal error", exc_info=e)
+        err = RestError(500, "ServiceFailureException", f"internal error: {type(e).__name__}")
+    message = without_content(scrub(str(err)))
+    return err.code, {"error": {"message": message, "type": err.kind, "code": err.code}}
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: Mapping[str, list[str]]
+    authorization: str | None
+    certificate_subject: str = ""
+
+
+class RestCatalog:
+    def __init__(
+        self,
+        reads: ReadService,
+        tokens: TokenStore,
+        layouts: Layouts,
+        writer: MetadataWriter,
+        loads: Slots,
+    ) -> None:
+        self.reads, self.tokens, self.layouts, self.writer, self.loads = (
+            reads, tokens, layouts, writer, loads,
+        )  # fmt: skip
+        self.store: SliceStore = layouts.store
+        self._layouts: OrderedDict[tuple[int, int], VersionLayout] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def principal(self, req: Request) -> Principal:
+        """The caller, by the same rules as every face (``TokenStore``)."""
+        return self.tokens.caller(self.tokens.bearer(req.authorization), req.certificate_subject)
+
+    def answer(self, req: Request) -> tuple[int, dict[str, Any] | None]:
+        """(HTTP status, JSON body) of one request."""
+        try:
+            who = self.principal(req)
+            if req.method not in ("GET", "HEAD"):
+                raise RestError(
+                    405 if req.method not in ("POST", "PUT", "DELETE") else 403,
+                    "ForbiddenException",
+                    "this catalog is read-only: write through the gateway's DoPut and DoAction",
+                )
+            body = self.route(req, who)
+            return (204, None) if req.method == "HEAD" else (200, body)
+        except Exception as e:  # every failure becomes an error response
+            return error_body(e)
+
+    def route(self, req: Request, who: Principal) -> dict[str, Any]:
+        parts = [unquote(p) for p in req.path.strip("/").split("/")]
+        if parts[:1] == ["v1"]:
+            parts = parts[1:]
+        if parts and parts[0] not in ("config", "namespaces"):
+            parts = parts[1:]  # an optional prefix
+        if parts == ["config"]:
+            return {"defaults": {}, "overrides": {}, "endpoints": ENDPOINTS}
+        if parts == ["namespaces"]:
+            return {"namespaces": [[NAMESPACE]]}
+        if len(parts) < 2 or parts[0] != "namespaces" or parts[1] != NAMESPACE:
+            if len(parts) >= 2 and parts[0] == "namespaces":
+                raise RestError(404, "NoSuchNamespaceException", f"no namespace {parts[1]!r}")
+            raise RestError(404, "NotFoundException", "no such resource")
+        if len(parts) == 2:
+            return {"namespace": [NAMESPACE], "properties": {}}
+        if parts[2:] == ["tables"]:
+            names = [t for t in self.reads.catalog.list_tables() if who.can("read", t)]
+            return {"identifiers": [{"namespace": [NAMESPACE], "name": t} for t in names]}
+        if len(parts) == 4 and parts[2] == "tables":
+            return self.load(parts[3], req.query, who)
+        raise RestError(404, "NotFoundException", "no such resource")
+
+    # ------------------------------------------------------------------ loadTable
+
+    def load(self, table: str, query: Mapping[str, list[str]], who: Principal) -> dict[str, Any]:
+        if not who.can("read", table):  # a table the caller may not read does not exist
+            raise RestError(404, "NoSuchTableException", f"no table {NAMESPACE}.{table}")
+        version = _version(query)
+        snap = self.reads.snapshot(table, version)  # dropped, re-created, expired: NOT_FOUND
+        with self.store.hold(snap.table_id, snap.version):
+            layout = self._layout(snap, who)
+            head = self.reads.catalog.head(table)
+            if head.table_id != snap.table_id:
+                raise NotFound(f"table {table!r} was dropped while it was being loaded")
+            kept = range(head.min_version, head.current_version + 1)
+            location = f"file://{self.store.root}/t{snap.table_id}"
+            metadata, metadata_location = self.writer.metadata(layout, kept, location)
+            self.store.pin(snap.table_id, snap.version)  # engines read the files after this
+        return {"metadata-location": metadata_location, "metadata": metadata, "config": {}}
+
+    def _layout(self, snap: TableSnapshot, who: Principal) -> VersionLayout:
+        key = (snap.table_id, snap.version)
+        with self._lock:
+            hit = self._layouts.get(key)
+            if hit is not None:
+                self._layouts.move_to_end(key)
+                return hit
+        layout = self.layouts.layout(snap, slot=lambda: self.loads.hold(who.name))
+        with self._lock:
+            self._layouts[key] = layout
+            while len(self._layouts) > 256:
+                self._layouts.popitem(last=False)
+        return layout
+
+
+def _version(query: Mapping[str, list[str]]) -> int | None:
+    given = query.get("version")
+    if not given:
+        return None
+    raw = given[0]
+    try:
+        version = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"version must be an integer, not {raw[:40]!r}") from None
+    if version < 0:
+        raise InvalidArgument("version must not be negative")
+    return version

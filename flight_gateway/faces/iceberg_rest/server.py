@@ -1,0 +1,234 @@
+"""The Iceberg REST face's HTTP server (Tornado, on its own event loop thread of the gateway).
+
+Bounded like the Flight face: TLS and mutual TLS from the gateway's config (a client
+certificate's name is a principal, as on Flight); every request's headers within
+``header_timeout_s`` (a half-sent request holds no thread and is closed then); at most
+``max_connections`` open connections and ``max_requests`` answered at once (503 beyond);
+small request bodies only (the face is read-only). Answers run in a small thread pool, so the
+event loop keeps accepting and refusing while a load makes slices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from flight_gateway.core.config import GatewayConfig, RestSettings
+from flight_gateway.core.layout import Layouts, SliceStore
+from flight_gateway.core.slots import Slots
+from flight_gateway.faces.iceberg_rest.catalog import Request, RestCatalog, RestError, error_body
+from flight_gateway.faces.iceberg_rest.metadata import MetadataWriter
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+
+
+def certificate_name(cert: dict[str, Any] | None) -> str:
+    """A peer certificate's name as Flight's ``peer_identity`` gives it: its first subject
+    alternative name, else its common name."""
+    if not cert:
+        return ""
+    for _, value in cert.get("subjectAltName", ()):
+        return str(value)
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return ""
+
+
+def tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
+    """The Flight face's TLS settings for HTTPS (mutual TLS with ``tls_client_ca``)."""
+    if not config.tls_cert:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_client_ca:
+        ctx.load_verify_locations(config.tls_client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _application(
+    rest: RestCatalog, pool: ThreadPoolExecutor, settings: RestSettings,
+    settings_tls: ssl.SSLContext | None,
+) -> Any:  # fmt: skip
+    import tornado.web
+
+    in_flight = [0]
+
+    class Handler(tornado.web.RequestHandler):
+        async def _answer(self) -> None:
+            if in_flight[0] >= settings.max_requests:
+                self._send(*error_body(RestError(
+                    503, "SlowDownException",
+                    f"the catalog is answering {settings.max_requests} requests "
+                    "(iceberg_rest.max_requests); retry later",
+                )))  # fmt: skip
+                return
+            in_flight[0] += 1
+            try:
+                query = {k: [v.decode(errors="replace") for v in vs]
+                         for k, vs in self.request.query_arguments.items()}  # fmt: skip
+                req = Request(
+                    self.request.method or "GET",
+                    self.request.path,
+                    query,
+                    self.request.headers.get("Authorization"),
+                    self._peer(),
+                )
+                loop = asyncio.get_running_loop()
+                self._send(*await loop.run_in_executor(pool, rest.answer, req))
+            finally:
+                in_flight[0] -= 1
+
+        def _peer(self) -> str:
+            if settings_tls is None:  # a plain socket has no peer certificate
+                return ""
+            cert = self.request.get_ssl_certificate()
+            return certificate_name(cert if isinstance(cert, dict) else None)
+
+        def write_error(self, status_code: int, **kwargs: Any) -> None:
+            # Tornado's own errors (and ours past _answer) as the protocol's JSON, no trace.
+            reason = "internal error" if status_code >= 500 else self._reason
+            self._send(
+                status_code,
+                {
+                    "error": {
+                        "message": reason,
+                        "code": status_code,
+                        "type": "ServiceFailureException"
+                        if status_code >= 500
+                        else "BadRequestException",
+                    }
+                },
+            )
+
+        def _send(self, code: int, body: dict[str, Any] | None) -> None:
+            self.set_status(code)
+            self.set_header("Content-Type", "application/json")
+            if body is not None and self.request.method != "HEAD":
+                self.finish(json.dumps(body))
+            else:
+                self.finish()
+
+        get = head = post = put = delete = patch = options = _answer
+
+        def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+            log.error("iceberg rest: %s", value, exc_info=(typ, value, tb))
+
+    return tornado.web.Application([(r"/.*", Handler)], log_function=_access)
+
+
+def _access(handler: Any) -> None:
+    log.debug("iceberg rest: %s %s %d", handler.request.method, handler.request.path,
+              handler.get_status())  # fmt: skip
+
+
+class RestServer:
+    """The HTTP server on its own event loop thread."""
+
+    def __init__(
+        self, rest: RestCatalog, settings: RestSettings, host: str, port: int,
+        tls: ssl.SSLContext | None,
+    ) -> None:  # fmt: skip
+        self.rest, self.settings, self.tls = rest, settings, tls
+        self.pool = ThreadPoolExecutor(
+            max_workers=min(settings.max_requests, 16), thread_name_prefix="iceberg-rest"
+        )
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._error: BaseException | None = None
+        self.port = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(host, port), daemon=True,
+                                       name="iceberg-rest-loop")  # fmt: skip
+        self.thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        self._sweeper = threading.Thread(target=self._sweep, daemon=True, name="iceberg-rest-sweep")
+        self._sweeper.start()
+
+    def _run(self, host: str, port: int) -> None:
+        import tornado.httpserver
+        import tornado.netutil
+
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        limit = self.settings.max_connections
+
+        class Bounded(tornado.httpserver.HTTPServer):
+            def handle_stream(self, stream: Any, address: Any) -> None:
+                if len(self._connections) >= limit:  # refused before a byte is read
+                    stream.close()
+                    return
+                super().handle_stream(stream, address)
+
+        try:
+            server = Bounded(
+                _application(self.rest, self.pool, self.settings, self.tls),
+                ssl_options=self.tls,
+                idle_connection_timeout=self.settings.header_timeout_s,
+                body_timeout=self.settings.header_timeout_s,
+                max_header_size=MAX_HEADER_BYTES,
+                max_body_size=MAX_BODY_BYTES,
+            )
+            sockets = tornado.netutil.bind_sockets(port, host)
+            server.add_sockets(sockets)
+            self.port = int(sockets[0].getsockname()[1])
+            self._server = server
+        except BaseException as e:
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        loop.run_forever()
+        loop.run_until_complete(server.close_all_connections())
+        loop.close()
+
+    def _sweep(self) -> None:
+        while not self._stop.wait(self.settings.sweep_s):
+            try:
+                self.rest.layouts.sweep()
+            except Exception:  # logged; the next sweep tries again
+                log.exception("iceberg rest: sweep failed")
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(self._server.stop)
+            loop.call_soon_threadsafe(loop.stop)
+        self.thread.join(10)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.rest.store.close()
+
+
+def mount(core: Any, config: GatewayConfig) -> RestServer:
+    """The REST face of ``core`` on ``config.iceberg_rest_port``."""
+    settings = config.rest_settings
+    root = Path(config.iceberg_rest_dir or tempfile.mkdtemp(prefix="harness-rest-"))
+    store = SliceStore(root, budget_bytes=settings.disk_budget_mb << 20, pin_s=settings.pin_s,
+                       group_readable=settings.group_readable)  # fmt: skip
+    layouts = Layouts(core.gw, store)
+    loads = Slots(settings.max_loads_per_principal, "iceberg_rest.max_loads_per_principal",
+                  settings.max_concurrent_loads, "iceberg_rest.max_concurrent_loads",
+                  what="loads making slices")  # fmt: skip
+    rest = RestCatalog(core.reads, config.token_store, layouts,
+                       MetadataWriter(store, settings.history), loads)  # fmt: skip
+    server = RestServer(rest, settings, config.host, config.iceberg_rest_port or 0,
+                        tls_context(config))  # fmt: skip
+    scheme = "https" if config.tls_cert else "http"
+    log.info("iceberg rest catalog on %s://%s:%d (slices in %s)", scheme, config.host,
+             server.port, root)  # fmt: skip
+    return server

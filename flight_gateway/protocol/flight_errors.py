@@ -1,0 +1,102 @@
+"""Harness errors <-> Flight errors.
+
+pyarrow's Python Flight server can emit INVALID_ARGUMENT, NOT_FOUND, UNAUTHENTICATED,
+PERMISSION_DENIED, UNAVAILABLE, UNIMPLEMENTED and INTERNAL, but no Arrow status maps to gRPC
+FAILED_PRECONDITION or ALREADY_EXISTS. Those travel as FlightServerError (gRPC UNKNOWN) whose
+message starts with ``[FAILED_PRECONDITION]`` / ``[ALREADY_EXISTS]`` and whose ``extra_info`` is
+``{"code": ...}``; the Python client turns them back into typed errors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight_gateway.protocol import errors as E
+
+_BY_STATUS: dict[str, type[E.HarnessError]] = {
+    "INVALID_ARGUMENT": E.InvalidArgument,
+    "NOT_FOUND": E.NotFound,
+    "ALREADY_EXISTS": E.AlreadyExists,
+    "FAILED_PRECONDITION": E.Conflict,
+    "UNAUTHENTICATED": E.Unauthenticated,
+    "UNAUTHORIZED": E.Unauthorized,
+    "UNAVAILABLE": E.Unavailable,
+    "RESOURCE_EXHAUSTED": E.ResourceExhausted,
+}
+
+
+def to_flight_error(err: E.HarnessError) -> Exception:
+    msg = str(err)
+    if isinstance(err, E.InvalidArgument):
+        return pa.ArrowInvalid(msg)
+    if isinstance(err, E.NotFound):
+        return pa.ArrowKeyError(msg)
+    if isinstance(err, E.Unauthenticated):
+        return fl.FlightUnauthenticatedError(msg)
+    if isinstance(err, E.Unauthorized):
+        return fl.FlightUnauthorizedError(msg)
+    if isinstance(err, E.Unavailable):
+        return fl.FlightUnavailableError(msg)
+    if isinstance(err, E.TimedOut):
+        return fl.FlightTimedOutError(msg)
+    kind = (
+        "lock_expired"
+        if isinstance(err, E.LockExpired)
+        else "lock_unavailable"
+        if isinstance(err, E.LockUnavailable)
+        else "busy"
+        if isinstance(err, E.Busy)
+        else ""
+    )
+    info = json.dumps({"code": err.status, "kind": kind}).encode()
+    return fl.FlightServerError(f"[{err.status}] {msg}", info)
+
+
+def is_busy(exc: BaseException) -> bool:
+    """A refusal by a concurrency limit (``errors.Busy``): the call did nothing yet."""
+    if isinstance(exc, E.Busy):
+        return True
+    info = getattr(exc, "extra_info", None)
+    return isinstance(exc, fl.FlightServerError) and b'"kind": "busy"' in bytes(info or b"")
+
+
+def _clean(msg: str) -> str:
+    # pyarrow appends ". Detail: Python exception: ..." / gRPC details to server messages.
+    for marker in (". Detail: ", ". gRPC client debug context"):
+        if marker in msg:
+            msg = msg.split(marker)[0]
+    return msg
+
+
+def from_flight_error(exc: Exception) -> Exception:
+    """The typed harness error a Flight error stands for (or ``exc`` itself)."""
+    msg = _clean(str(exc))
+    if isinstance(exc, fl.FlightServerError):
+        for status, cls in _BY_STATUS.items():
+            prefix = f"[{status}] "
+            if prefix in msg:
+                text = msg.split(prefix, 1)[1]
+                if status == "RESOURCE_EXHAUSTED" and is_busy(exc):
+                    return E.Busy(text)
+                if status == "FAILED_PRECONDITION":
+                    if "lock_expired" in str(getattr(exc, "extra_info", b"")):
+                        return E.LockExpired(text)
+                    if "lock_unavailable" in str(getattr(exc, "extra_info", b"")):
+                        return E.LockUnavailable(text)
+                return cls(text)
+    if isinstance(exc, fl.FlightUnauthenticatedError):
+        return E.Unauthenticated(msg)
+    if isinstance(exc, fl.FlightUnauthorizedError):
+        return E.Unauthorized(msg)
+    if isinstance(exc, fl.FlightUnavailableError):
+        return E.Unavailable(msg)
+    if isinstance(exc, fl.FlightTimedOutError):
+        return E.TimedOut(msg)
+    if isinstance(exc, pa.ArrowInvalid):
+        return E.InvalidArgument(msg)
+    if isinstance(exc, (pa.ArrowKeyError, KeyError)):
+        return E.NotFound(msg.strip("'\""))
+    return exc

@@ -1,8 +1,0 @@
-"""The read path: protocol -> ``ReadService`` (pinning, tickets) -> planning (``plain``,
-``dedupe``, ``since``) -> source kind -> ``planners.execute`` (residual, projection, limit)."""
-
-from flight_gateway.server.read.model import Endpoint, PlannedRead, SourceReport
-from flight_gateway.server.read.service import ReadService
-from flight_gateway.server.read.shape import arrow_schema
-
-__all__ = ["Endpoint", "PlannedRead", "ReadService", "SourceReport", "arrow_schema"]
