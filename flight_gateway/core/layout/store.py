@@ -78,6 +78,8 @@ class SliceStore:
         self._lock = threading.RLock()
         self._key_locks: dict[str, threading.Lock] = {}
         self._pins: dict[tuple[int, int], float] = {}  # (table id, version) -> until (monotonic)
+        # Uses already recorded: a repeated load of a version writes (and syncs) nothing.
+        self._recorded: set[tuple[int, int, str]] = set()
         self._holds: dict[tuple[int, int], int] = {}
         self._remove_partials()
 
@@ -152,12 +154,15 @@ class SliceStore:
 
     def use(self, table_id: int, table: str, version: int, keys: Sequence[str]) -> None:
         with self._lock:
+            new = [
+                (table_id, version, k) for k in keys if (table_id, version, k) not in self._recorded
+            ]
+            if not new:
+                return
             self._db.execute("INSERT OR REPLACE INTO tables VALUES (?, ?)", (table_id, table))
-            self._db.executemany(
-                "INSERT OR IGNORE INTO uses VALUES (?, ?, ?)",
-                [(table_id, version, k) for k in keys],
-            )
+            self._db.executemany("INSERT OR IGNORE INTO uses VALUES (?, ?, ?)", new)
             self._db.commit()
+            self._recorded.update(new)
 
     def used_bytes(self) -> int:
         with self._lock:
@@ -226,6 +231,8 @@ class SliceStore:
         ]  # fmt: skip
         with self._lock:
             self._db.executemany("DELETE FROM uses WHERE table_id = ? AND version = ?", dead)
+            ended = set(dead)
+            self._recorded = {u for u in self._recorded if (u[0], u[1]) not in ended}
             # Unused artifacts; one made but not yet used is held by its version's layout.
             held = {tid for tid, _ in pinned}
             orphans = self._db.execute(
