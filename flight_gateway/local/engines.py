@@ -5,6 +5,8 @@ default ``~/.cache/dataharness/maven``, laid out like a Maven repository), check
 SHA-256 pinned here (a mismatch deletes the download and fails), and reused by every later run.
 ``python -m flight_gateway.local.engines`` fetches them all (``make engines``).
 
+Flink's jars (``flink_classpath``) are resolved by Maven itself, with strict checksums.
+
 Trino is 476: the newest ``trino-server-core`` and ``trino-iceberg`` plugin Maven Central serves
 here (483 is listed in the index, but its archives are not served). It needs a JDK >= 24:
 ``java_home`` finds one (``JAVA_HOME``, then the JDKs under ``/usr/lib/jvm``), never a fixed path.
@@ -213,6 +215,65 @@ def spark_python() -> Path:
     return python
 
 
+# ---------------------------------------------------------------------- Flink with Iceberg
+
+FLINK_VERSION = "2.1.1"  # the newest Flink that Iceberg 1.11's Flink runtime supports
+_FLINK_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>dataharness.engines</groupId>
+  <artifactId>flink-iceberg</artifactId>
+  <version>1</version>
+  <dependencies>
+    {dependencies}
+  </dependencies>
+</project>
+"""
+FLINK_DEPENDENCIES = (
+    ("org.apache.flink", "flink-table-api-java", FLINK_VERSION),
+    ("org.apache.flink", "flink-table-api-java-bridge", FLINK_VERSION),
+    ("org.apache.flink", "flink-table-planner-loader", FLINK_VERSION),
+    ("org.apache.flink", "flink-table-runtime", FLINK_VERSION),
+    ("org.apache.flink", "flink-clients", FLINK_VERSION),
+    ("org.apache.flink", "flink-connector-files", FLINK_VERSION),
+    ("org.apache.iceberg", "iceberg-flink-runtime-2.1", "1.11.0"),
+    # Iceberg's Flink runtime needs Hadoop's classes (its configuration, even for REST).
+    ("org.apache.hadoop", "hadoop-client-api", "3.4.1"),
+    ("org.apache.hadoop", "hadoop-client-runtime", "3.4.1"),
+)
+
+
+def flink_classpath() -> str:
+    """The classpath of an embedded Flink with Iceberg's Flink runtime, resolved once by Maven
+    (``mvn``, strict checksums) from pinned versions into the local Maven repository."""
+    root = cache_dir().parent / f"flink-{FLINK_VERSION}"
+    out = root / "classpath.txt"
+    if out.exists():
+        return out.read_text().strip()
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise Unavailable("no Maven (mvn) to resolve Flink's jars")
+    with _locked(cache_dir()):
+        if out.exists():
+            return out.read_text().strip()
+        root.mkdir(parents=True, exist_ok=True)
+        deps = "\n    ".join(
+            f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+            f"<version>{v}</version></dependency>"
+            for g, a, v in FLINK_DEPENDENCIES
+        )
+        (root / "pom.xml").write_text(_FLINK_POM.format(dependencies=deps))
+        tmp = root / "classpath.part"
+        run = subprocess.run(
+            [mvn, "-q", "-B", "-C", "-f", str(root / "pom.xml"), "dependency:build-classpath",
+             f"-Dmdep.outputFile={tmp}"],
+            capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        if run.returncode != 0 or not tmp.exists():
+            raise Unavailable(f"cannot resolve Flink's jars: {(run.stdout + run.stderr)[-2000:]}")
+        tmp.rename(out)
+    return out.read_text().strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fetch the JVM engines the tests use.")
     parser.parse_args(argv)
@@ -221,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{a.group}:{a.name}:{a.version} {fetch(a)}")
     print(f"Trino {TRINO_VERSION}: {trino_home()} (JDK {java_home(24)})")
     print(f"pyspark 4.1.4 for Iceberg's Spark runtime: {spark_python()}")
+    print(
+        f"Flink {FLINK_VERSION} with Iceberg's Flink runtime: {len(flink_classpath().split(':'))} jars"
+    )
     return 0
 
 
