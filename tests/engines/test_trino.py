@@ -18,10 +18,10 @@ import pytest
 from trino.exceptions import TrinoUserError
 
 from benchmarks import tpch_tables as tpch
-from planners.postgres.versioning import enable_versioning, server_now
+from planners.postgres.versioning import server_now
 from tests.gateway.helpers import IcebergFixture, client_for, running_gateway, write_parquet
 from tests.gateway.kafka_helpers import new_topic, produce
-from tests.rest.helpers import get
+from tests.rest.helpers import get, versioned_pg_table
 
 pytestmark = pytest.mark.integration
 ARROW = pa.schema([("id", pa.int64()), ("region", pa.string())])
@@ -52,12 +52,7 @@ def test_trino_reads_pinned_versions_of_every_kind(
     it.append(pa.table({"id": [10, 11], "region": ["i", "i"]}, schema=ARROW))
     topic = new_topic(kafka_bootstrap)
     produce(kafka_bootstrap, topic, [json.dumps({"id": 20 + i, "region": "k"}).encode() for i in range(5)])  # fmt: skip
-    pg = f"trino_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{pg}" (id bigint primary key, region text)')
-        enable_versioning(conn, pg)
-        conn.execute(f"INSERT INTO \"{pg}\" VALUES (30, 'p'), (31, 'p')")
-        as_of = server_now(conn)
+    pg, as_of = versioned_pg_table(pg_dsn, "VALUES (30, 'p'), (31, 'p')", "trino")
     with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", reach={"any": True},
                          iceberg_rest_port=0, iceberg_rest_dir=str(tmp_path / "rest")) as (server, _):  # fmt: skip
         client = client_for(server)

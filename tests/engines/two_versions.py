@@ -4,7 +4,6 @@ snapshot is in the table's history."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,9 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import IcebergFixture, client_for, running_gateway, write_parquet
-from tests.rest.helpers import get
+from tests.rest.helpers import get, versioned_pg_table
 
 ARROW = pa.schema([("id", pa.int64()), ("region", pa.string())])
 
@@ -36,18 +34,11 @@ class TwoVersions:
 
 @contextmanager
 def two_versions(tmp_path: Path, pg_dsn: str) -> Iterator[TwoVersions]:
-    import psycopg
-
     write_parquet(tmp_path / "f" / "a.parquet", pa.table({"id": [1, 2], "region": ["f", "f"]}))
     ice = IcebergFixture(tmp_path / "ice")
     it = ice.create("r", ARROW)
     it.append(pa.table({"id": [10, 11], "region": ["i", "i"]}, schema=ARROW))
-    pg = f"jvm_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{pg}" (id bigint primary key, region text)')
-        enable_versioning(conn, pg)
-        conn.execute(f"INSERT INTO \"{pg}\" VALUES (30, 'p'), (31, 'p')")
-        as_of = server_now(conn)
+    pg, as_of = versioned_pg_table(pg_dsn, "VALUES (30, 'p'), (31, 'p')", "jvm")
     with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", reach={"any": True},
                          iceberg_rest_port=0, iceberg_rest_dir=str(tmp_path / "rest")) as (server, _):  # fmt: skip
         client = client_for(server)

@@ -80,3 +80,21 @@ def duckdb_rows(
         return sorted(tuple(r) for r in con.execute(sql).fetchall())
     finally:
         con.close()
+
+
+def versioned_pg_table(dsn: str, values: str, prefix: str = "rest") -> tuple[str, str]:
+    """A new system-versioned Postgres table ``(id bigint primary key, region text)`` holding
+    ``values`` (an SQL ``INSERT`` tail: ``VALUES ...`` or a ``SELECT``); (its name, the as-of
+    instant just after)."""
+    import uuid
+
+    import psycopg
+
+    from planners.postgres.versioning import enable_versioning, server_now
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{name}" (id bigint primary key, region text)')
+        enable_versioning(conn, name)
+        conn.execute(f'INSERT INTO "{name}" {values}')
+        return name, server_now(conn)

@@ -16,19 +16,16 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pytest
 
 from planners.iceberg_deletes import write_changes, write_position_deletes
-from planners.postgres.versioning import enable_versioning, server_now
 from tests.gateway.helpers import IcebergFixture, client_for, running_gateway, write_parquet
 from tests.gateway.kafka_helpers import new_topic, produce
-from tests.rest.helpers import duckdb_rows, get, pyiceberg_catalog, rows
+from tests.rest.helpers import duckdb_rows, get, pyiceberg_catalog, rows, versioned_pg_table
 
 pytestmark = pytest.mark.integration
 ARROW = pa.schema([("id", pa.int64()), ("region", pa.string())])
@@ -122,7 +119,9 @@ def test_renamed_and_added_columns_read_right(tmp_path: Path) -> None:
         cols = ["id", "zone", "score"]
         expected = rows(client.read("t", version=v3), cols)
         assert expected == [(1, "a", None), (2, "b", None), (3, "c", 0.5)]
-        assert rows(pyiceberg_catalog(uri).load_table("harness.t").scan().to_arrow(), cols) == expected
+        assert (
+            rows(pyiceberg_catalog(uri).load_table("harness.t").scan().to_arrow(), cols) == expected
+        )
         assert duckdb_rows(uri, "t", cols) == expected
         # The first version, by its snapshot id, still has its rows.
         status, body = get(f"{uri}/v1/namespaces/harness/tables/t?version={v1}")
@@ -131,15 +130,6 @@ def test_renamed_and_added_columns_read_right(tmp_path: Path) -> None:
         assert sorted(duckdb_rows(uri, "t", ["id"], snapshot=old)) == [(1,), (2,)]
         assert _slices(tmp_path / "rest") == []
         client.close()
-
-
-def _pg_table(dsn: str) -> tuple[str, float]:
-    name = f"rest_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{name}" (id bigint primary key, region text)')
-        enable_versioning(conn, name)
-        conn.execute(f"INSERT INTO \"{name}\" SELECT g, 'p' FROM generate_series(1000, 1099) g")
-        return name, server_now(conn)
 
 
 def _pieces(rest_dir: Path) -> list[tuple[str, Any, int]]:
@@ -159,7 +149,7 @@ def test_hot_sources_are_sliced_once_per_piece(
 ) -> None:
     topic = new_topic(kafka_bootstrap)
     produce(kafka_bootstrap, topic, [json.dumps({"id": i, "region": "k"}).encode() for i in range(50)])  # fmt: skip
-    pg, as_of = _pg_table(pg_dsn)
+    pg, as_of = versioned_pg_table(pg_dsn, "SELECT g, 'p' FROM generate_series(1000, 1099) g")
     with _gateway(tmp_path) as (server, _):
         client = client_for(server)
         client.create_table("t", [{"name": "id", "type": "int64"}, {"name": "region", "type": "string"}])  # fmt: skip
