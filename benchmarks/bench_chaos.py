@@ -145,7 +145,7 @@ def _maintained(
 
     from flight_gateway.catalog import Catalog
     from flight_gateway.core.maintenance import run_once
-    from flight_gateway.protocol.errors import LockUnavailable
+    from flight_gateway.protocol.errors import Conflict, LockUnavailable
     from pipelines.mover import Mover
 
     catalog, stop, counts = Catalog(url), threading.Event(), Counter[str]()
@@ -159,14 +159,14 @@ def _maintained(
             try:
                 compact(client, "t", source, ARROW)
                 counts["compactions"] += 1
-            except LockUnavailable:  # the mover or writers held it past the wait: next time
-                counts["compactions put off"] += 1
+            except (LockUnavailable, Conflict):  # rewritten or deleted from meanwhile, each
+                counts["compactions put off"] += 1  # of its attempts: next time
 
     def move(client: HarnessClient) -> None:
         mover = Mover(client, "t", "kafka", "iceberg")
         try:
             counts["moves"] += mover.run_once().version is not None
-        except LockUnavailable:  # compaction or writers held Iceberg past the wait: next time
+        except (LockUnavailable, Conflict):  # moved or held past the wait: next time
             counts["moves put off"] += 1
 
     def loop(step: Any, pause_s: float) -> None:

@@ -6,7 +6,8 @@ The rows are read through the gateway at one pinned version, so row-level delete
 position and equality deletes) are applied: the rewritten files hold no deleted row, and the
 delete files no longer apply to anything (Iceberg applies an equality delete to data of a
 lower sequence number only). The commit is a relocation, so streaming readers do not see the
-rows again; readers pinned to older versions keep reading the old files.
+rows again; readers pinned to older versions keep reading the old files. It is optimistic
+(DESIGN §18): writers to the source go on meanwhile and their rows stay.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from clients import HarnessClient
+from flight_gateway.protocol.errors import Conflict
 from pipelines.mover import MoveResult
 
 log = logging.getLogger(__name__)
@@ -48,13 +50,15 @@ def rewrite_source(
     source: str,
     write: Callable[[int, str], tuple[list[str], int]],
     *,
-    owner: str,
-    ttl_s: float = 60,
+    attempts: int = 5,
 ) -> MoveResult:
-    """Under a lock on ``source``: ``write(pinned version, staging location)`` writes the
-    source's rows as files there and returns (their paths, row count); they replace the
-    source's files in one relocation commit, or are removed if anything fails."""
-    with client.lock(table, [source], owner=owner, ttl_s=ttl_s, wait_s=120) as lock:
+    """Optimistic (DESIGN §18): ``write(pinned version, staging location)`` writes the
+    source's rows at that version as files there and returns (their paths, row count); they
+    replace what the source held at that version in one relocation commit, and rows written
+    since stay. No lock is held while the rows are read and written, so writers never wait for
+    it; when the source was rewritten or deleted from meanwhile (a CONFLICT) it reads again,
+    up to ``attempts`` times. The staged files are removed if anything fails."""
+    for attempt in range(1, attempts + 1):
         pinned = client.describe(table).version
         begun = client.begin_write(table, source)
         if begun["mode"] != "stage":
@@ -69,13 +73,21 @@ def rewrite_source(
                 overwrite=True,
                 relocation=True,
                 rows=rows,
-                lock=lock,
+                read_version=pinned,
             )
+        except Conflict as e:
+            client.abort_write(table, begun["write_id"], source)
+            if attempt == attempts:
+                raise
+            log.info("rewrite of %s/%s read version %d: %s; again", table, source, pinned, e)
+            continue
         except BaseException:
             client.abort_write(table, begun["write_id"], source)
             raise
-    log.info("compacted %s/%s into %d files as version %d", table, source, len(written), version)
-    return MoveResult(version, rows)
+        log.info("compacted %s/%s into %d files as version %d", table, source, len(written),
+                 version)  # fmt: skip
+        return MoveResult(version, rows)
+    raise AssertionError("unreachable")
 
 
 def compact(
@@ -92,4 +104,4 @@ def compact(
             written.append(f"{location.rstrip('/')}/{name}")
         return written, data.num_rows
 
-    return rewrite_source(client, table, source, write, owner="compaction")
+    return rewrite_source(client, table, source, write)

@@ -117,7 +117,7 @@ def compact(
         written = _write_parquet(df, f"{location}/compacted", files)
         return written, _rows(written)
 
-    return rewrite_source(client, table, source, write, owner="spark-compaction", ttl_s=600)
+    return rewrite_source(client, table, source, write)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from flight_gateway.protocol.errors import InvalidArgument, Unavailable
+from flight_gateway.protocol.errors import Conflict, InvalidArgument, Unavailable
 from planners import locations
 from planners.avro import read_avro
 from planners.common import (
@@ -312,14 +312,43 @@ class FilesKind(SourceKind):
         commit_id: str,
         relocation: bool,
     ) -> dict[str, Any]:
+        names = self._names(source, files)
+        kept = [] if replace else _file_list(source.name, source.state)
+        return {**source.state, "files": kept + [n for n in names if n not in kept]}
+
+    def rewrite_files(
+        self,
+        source: SourceRef,
+        replaced: Mapping[str, Any],
+        files: Sequence[str],
+        *,
+        commit_id: str,
+    ) -> dict[str, Any]:
+        """The new files in place of the ones listed at ``replaced``, and the files added since
+        after them. A retry (its files already listed) changes nothing."""
+        names = self._names(source, files)
+        now = _file_list(source.name, source.state)
+        listed = set(now)
+        if names and all(n in listed for n in names):
+            return dict(source.state)
+        old = _file_list(source.name, replaced)
+        gone = [f for f in old if f not in listed]
+        if gone:
+            raise Conflict(
+                f"source {source.name!r}: {len(gone)} of the files this rewrite replaces "
+                f"({gone[0]!r}, ...) were replaced since it read them: read the source again"
+            )
+        old_set = set(old)
+        return {**source.state, "files": names + [f for f in now if f not in old_set]}
+
+    def _names(self, source: SourceRef, files: Sequence[str]) -> list[str]:
         root = _require_root(source, self.parse_config(source))
         names = []
         for f in files:
             if not f.startswith(root + "/"):
                 raise InvalidArgument(f"source {source.name!r}: {f!r} is not under its root")
             names.append(f[len(root) + 1 :])
-        kept = [] if replace else _file_list(source.name, source.state)
-        return {**source.state, "files": kept + [n for n in names if n not in kept]}
+        return names
 
 
 # ---------------------------------------------------------------------------- maintenance

@@ -488,6 +488,24 @@ class IcebergKind(SourceKind):
         snap = table.current_snapshot()
         return {**source.state, "snapshot_id": snap.snapshot_id if snap else None}
 
+    def rewrite_files(
+        self,
+        source: SourceRef,
+        replaced: Mapping[str, Any],
+        files: Sequence[str],
+        *,
+        commit_id: str,
+    ) -> dict[str, Any]:
+        from planners.iceberg_rewrite import rewrite
+
+        table = load_table(source.config)
+        then = _snapshot_id(source.name, replaced)
+        for snap in lineage_after(table, then)[0]:
+            if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == commit_id:
+                return {**source.state, "snapshot_id": snap.snapshot_id}  # a retry
+        sid = rewrite(table, source.name, then, files, commit_id, lineage_after)
+        return {**source.state, "snapshot_id": sid}
+
     def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
         """Snapshot expiry below the oldest pin of each Iceberg table the harness reads.
         (Orphan data files are left: pyiceberg 0.12 has no safe orphan removal.)"""

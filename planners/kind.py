@@ -396,6 +396,25 @@ class AdoptsFiles(Protocol):
 
 
 @runtime_checkable
+class RewritesFiles(Protocol):
+    """Optimistic maintenance (DESIGN §18): ``rewrite_files`` makes ``files`` replace what the
+    source held at state ``replaced`` (the state a compaction read), keeping what was added
+    since (``source.state`` is the state now), without any lock held while the files were
+    written. CONFLICT when something it replaces is no longer current (another rewrite, an
+    overwrite, rows deleted since): the rewrite reads again, never the writer. Idempotent by
+    ``commit_id``."""
+
+    def rewrite_files(
+        self,
+        source: SourceRef,
+        replaced: Mapping[str, Any],
+        files: Sequence[str],
+        *,
+        commit_id: str,
+    ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
 class EvolvesSchema(Protocol):
     """Sources with a schema of their own: apply the additive part of a schema change (new
     columns, widened types) idempotently, before the harness commits the new schema."""

@@ -18,8 +18,10 @@ allow-list, every location checked by ``reach``):
 5. commit both new states and clear the intent in one commit (a relocation: streaming readers
    saw the rows when they were first written).
 
-Until step 5 readers stay pinned to the old states, so nothing done so far is visible. The move
-holds a write lease on both sources while it runs. ``HARNESS_FAULT_INJECT=<step>`` makes the
+Until step 5 readers stay pinned to the old states, so nothing done so far is visible. Step 1
+runs before any lock (DESIGN §18: writers do not wait while a broker or a database is read);
+steps 2-5 hold a write lease on both sources, after checking that no other move of the hot
+source committed since the rows were read (then they are read again under the lease). ``HARNESS_FAULT_INJECT=<step>`` makes the
 gateway process exit at a step (the kill tests).
 """
 
@@ -98,7 +100,7 @@ def _new_move(
     snap: TableSnapshot, body: Mapping[str, Any], read_state: Mapping[str, Any] | None = None
 ) -> Move:
     """The move ``body`` asks for at ``snap``; ``read_state``: the hot source's state at the
-    version an engine read for a staged move."""
+    version the rows were read at (by an engine for a staged move, or before the lease)."""
     hot, cold = str(_text(body, "hot")), str(_text(body, "cold"))
     if hot == cold:
         raise InvalidArgument("harness.move: 'hot' and 'cold' must be two sources")
@@ -112,8 +114,7 @@ def _new_move(
     # A staged move moves what the engine read: the hot state of the version it read. Writes
     # committed since stay (the drain computes the new state from the state now, and refuses
     # when the moved rows are no longer all there).
-    state = dict(read_state if staged is not None and read_state is not None
-                 else snap.source(hot).state)  # fmt: skip
+    state = dict(read_state if read_state is not None else snap.source(hot).state)
     snap.source(cold)  # NOT_FOUND now, not after the data moved
     # Unique, not derived from the state: the intent recorded before anything is written keeps
     # it for a move resumed after a crash, and kinds log writes by commit id in stores other
@@ -131,6 +132,7 @@ def move(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     fresh = _new_move(snap, body)
     read_state = _read_state(gw, table, fresh.hot, body)
     wait_s = float(body.get("wait_s", 120))
+    early = _read_early(gw, snap, fresh, body)
     with leased(cat, table, sorted({fresh.hot, fresh.cold}), owner=f"move:{fresh.hot}",
                 ttl_s=gw.limits.write_lease_s, wait_s=wait_s) as grant:  # fmt: skip
         snap = cat.describe(table)  # fresh states under the lock
@@ -147,7 +149,36 @@ def move(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
         staged = body.get("staged")
         if isinstance(staged, Mapping):
             _not_moved_since(cat, table, fresh.hot, int(staged["version"]))
+        elif early is not None and _still_movable(cat, table, fresh.hot, early[0]):
+            m = _new_move(snap, body, early[1])
+            return _run(gw, snap, m, grant.lock_id, resumed=False, rows=early[2])
         return _run(gw, snap, _new_move(snap, body, read_state), grant.lock_id, resumed=False)
+
+
+def _read_early(
+    gw: Gateway, snap: TableSnapshot, fresh: Move, body: Mapping[str, Any]
+) -> tuple[int, Mapping[str, Any], pa.Table] | None:
+    """DESIGN §18: the rows to move, read at the pinned version before the lease is taken, so
+    writers to the hot and cold sources do not wait while a broker or a database is read:
+    (that version, the hot state read, the rows). None for a staged move or when an unfinished
+    move must be finished first (both read under the lease)."""
+    if body.get("staged") is not None:
+        return None
+    if isinstance(snap.external_state.get(MARKER.format(hot=fresh.hot)), Mapping):
+        return None
+    with tracing.span("move.read", source=fresh.hot, early=True):
+        rows = _moved_rows(gw, snap, fresh)
+    return snap.version, fresh.state, rows
+
+
+def _still_movable(cat: Any, table: str, hot: str, version: int) -> bool:
+    """The rows read at ``version`` may still be moved: no move of ``hot`` committed since
+    (writes since are fine: the drain computes the new state from the state now)."""
+    try:
+        _not_moved_since(cat, table, hot, version)
+    except Conflict:
+        return False
+    return True
 
 
 def _not_moved_since(cat: Any, table: str, hot: str, version: int) -> None:
@@ -181,7 +212,15 @@ def _read_state(gw: Gateway, table: str, hot: str, body: Mapping[str, Any]) -> A
     return gw.catalog.describe(table, version=version).source(hot).state
 
 
-def _run(gw: Gateway, snap: TableSnapshot, m: Move, lock_id: str, resumed: bool) -> dict[str, Any]:
+def _run(
+    gw: Gateway,
+    snap: TableSnapshot,
+    m: Move,
+    lock_id: str,
+    resumed: bool,
+    rows: pa.Table | None = None,
+) -> dict[str, Any]:
+    """The move ``m`` under the lease ``lock_id``; ``rows``: its rows, read before the lease."""
     cat = gw.catalog
     done = cat.find_commit(m.table, m.commit_id)
     if done is not None:
@@ -190,8 +229,9 @@ def _run(gw: Gateway, snap: TableSnapshot, m: Move, lock_id: str, resumed: bool)
     cold_kind, cold_ref = bind(gw, snap, m.cold)
     if not isinstance(hot_kind, Drains):
         raise InvalidArgument(f"source {m.hot!r} ({hot_kind.name}): rows cannot be moved out of it")
-    with tracing.span("move.read", source=m.hot):
-        rows = _moved_rows(gw, snap, m)
+    if rows is None:
+        with tracing.span("move.read", source=m.hot):
+            rows = _moved_rows(gw, snap, m)
     if not rows.num_rows and not resumed:
         return {"version": None, "rows": 0, "applied": False}
     if not resumed:

@@ -1,10 +1,12 @@
 """Engine writes (Spark): ``harness.begin_write`` / ``commit_write`` / ``abort_write``.
 
 For a source whose kind ``AdoptsFiles`` the gateway hands out a staging location (mode
-``stage``) (created here,
-one directory per write); engine tasks write Parquet files into it, and ``commit_write`` adopts
-exactly the files of that write in one harness commit (``overwrite`` replaces the source's
-files; ``relocation`` marks a compaction, which adds no rows for streaming readers).
+``stage``, created here, one directory per write); engine tasks write Parquet files into it, and
+``commit_write`` adopts exactly the files of that write in one harness commit (``overwrite``
+replaces the source's files; ``relocation`` marks a compaction, which adds no rows for
+streaming readers). A compaction names the version it read (``read_version``): its files then
+replace only what the source held at that version, and what writers added since stays (DESIGN
+§18): it holds no lock while it reads and writes, only the commit's own lease of milliseconds.
 ``abort_write`` removes the directory. For an ``Appendable`` source the engine uploads its rows
 with DoPut instead (mode ``upload``). Sources configs are resolved only here, never by clients.
 """
@@ -24,9 +26,9 @@ from flight_gateway.core.context import Gateway
 from flight_gateway.core.sources import bind
 from flight_gateway.core.write.lease import leased
 from flight_gateway.protocol import operations as ops
-from flight_gateway.protocol.errors import InvalidArgument
+from flight_gateway.protocol.errors import Conflict, InvalidArgument
 from planners.common import filesystem
-from planners.kind import AdoptsFiles, Appendable
+from planners.kind import AdoptsFiles, Appendable, RewritesFiles
 from planners.registry import get_kind
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,32 @@ def _summary(body: Mapping[str, Any], paths: list[str]) -> dict[str, Any]:
     return {ops.OPERATION: operation, "rows": body.get("rows"), "file_count": len(paths)}
 
 
+def _read_version(body: Mapping[str, Any]) -> int | None:
+    """The version an optimistic rewrite read (``read_version``), or None."""
+    version = body.get("read_version")
+    if version is None:
+        return None
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise InvalidArgument("'read_version' must be the table version the rewrite read")
+    if not body.get("overwrite"):
+        raise InvalidArgument("'read_version' is for rewrites: it needs 'overwrite'")
+    return version
+
+
+def _rewrite(
+    kind: AdoptsFiles, ref: Any, replaced: Mapping[str, Any], paths: list[str], commit_id: str
+) -> dict[str, Any]:
+    """DESIGN §18: the files replace what the source held at the version the rewrite read,
+    keeping what was added since; CONFLICT when what they replace is no longer current."""
+    if isinstance(kind, RewritesFiles):
+        return kind.rewrite_files(ref, replaced, paths, commit_id=commit_id)
+    if dict(ref.state) != dict(replaced):  # a kind that cannot merge: nothing may come between
+        raise Conflict(
+            f"source {ref.name!r} changed since the rewrite read it: read the source again"
+        )
+    return kind.adopt_files(ref, paths, replace=True, commit_id=commit_id, relocation=True)
+
+
 def _adopt(
     gw: Gateway, table: str, source: str, write_id: str, body: Mapping[str, Any], lock_id: str
 ) -> int:
@@ -114,13 +142,18 @@ def _adopt(
     if outside:
         raise InvalidArgument(f"files {outside[:3]} are not in this write's location")
     commit_id = f"spark-write:{write_id}"
-    state = kind.adopt_files(
-        ref,
-        paths,
-        replace=bool(body.get("overwrite")),
-        commit_id=commit_id,
-        relocation=bool(body.get("relocation")),
-    )
+    read_version = _read_version(body)
+    if read_version is not None:
+        replaced = cat.describe(table, version=read_version).source(source).state
+        state = _rewrite(kind, ref, replaced, paths, commit_id)
+    else:
+        state = kind.adopt_files(
+            ref,
+            paths,
+            replace=bool(body.get("overwrite")),
+            commit_id=commit_id,
+            relocation=bool(body.get("relocation")),
+        )
     res = cat.commit(
         table,
         commit_id,
