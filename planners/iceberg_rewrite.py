@@ -8,7 +8,7 @@ read again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from flight_gateway.protocol import operations as ops
@@ -86,4 +86,3 @@ def rewrite(
     table.refresh()
     snap = table.current_snapshot()
     return snap.snapshot_id if snap else None
-

@@ -52,7 +52,7 @@ from planners.kind import (
     SourceKind,
     SourceRef,
 )
-from planners.postgres.pool import ADBC, close_quietly
+from planners.postgres.pool import ADBC
 from planners.postgres.split import check_type, key_ranges
 from planners.predicates import quote_ident, to_sql
 from planners.predicates.sql import postgres_literal
@@ -152,7 +152,7 @@ def _returning(reader: pa.RecordBatchReader, cur: Any, con: Any, dsn: str) -> pa
             if done:
                 ADBC.give(dsn, con)
             else:
-                close_quietly(con)
+                ADBC.discard(dsn, con)
 
     return pa.RecordBatchReader.from_batches(reader.schema, gen())
 

@@ -117,9 +117,7 @@ def test_commit_write_validates_read_version(client: HarnessClient, source: str)
     client.abort_write("t", begun["write_id"], "s")
 
 
-def test_deletes_since_the_read_win_over_the_rewrite(
-    client: HarnessClient, tmp_path: Path
-) -> None:
+def test_deletes_since_the_read_win_over_the_rewrite(client: HarnessClient, tmp_path: Path) -> None:
     """Rows deleted from an Iceberg source while a rewrite wrote them: the rewrite conflicts
     and reads again, so the deleted rows stay deleted."""
     iceberg = IcebergFixture(tmp_path)
@@ -157,7 +155,7 @@ def test_writers_and_compactions_together_lose_and_double_nothing(
                     c.put("t", rows(first, 10))
                     with lock:
                         written.extend(range(first, first + 10))
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:
             errors.append(e)
 
     def compactor() -> None:
@@ -165,7 +163,7 @@ def test_writers_and_compactions_together_lose_and_double_nothing(
             while not stop.is_set():
                 try:
                     compact(c, "t", "s")
-                except Exception as e:  # noqa: BLE001 - reported below
+                except Exception as e:
                     errors.append(e)
                     return
 
@@ -212,7 +210,7 @@ def test_movers_read_before_their_lease_and_never_double(
             with HarnessClient(client.uri) as c:
                 for i in range(20):
                     c.put("t", rows(10 * i, 10), source="k")
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:
             errors.append(e)
 
     def mover() -> None:
@@ -220,7 +218,7 @@ def test_movers_read_before_their_lease_and_never_double(
             with HarnessClient(client.uri) as c:
                 while not stop.is_set():
                     Mover(c, "t", "k", "cold", wait_s=60).run_once()
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:
             errors.append(e)
 
     movers = [threading.Thread(target=mover) for _ in range(2)]

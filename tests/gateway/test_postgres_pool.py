@@ -128,11 +128,20 @@ def test_idle_connections_are_closed_after_idle_s(pg_dsn: str) -> None:
             pytest.fail(f"backend {pid} still open after the pool's sweep")
 
 
-def test_the_pool_keeps_at_most_per_dsn_idle_connections(pg_dsn: str) -> None:
-    pool = ConnectionPool(connect_adbc, per_dsn=2)
-    taken = [pool.take(pg_dsn)[0] for _ in range(4)]
-    for con in taken:
-        pool.give(pg_dsn, con)
-    assert pool.idle_count(pg_dsn) == 2
-    pool.clear()
-    assert pool.idle_count() == 0
+def test_the_pool_keeps_as_many_idle_as_were_in_flight_under_its_ceiling(pg_dsn: str) -> None:
+    """Sized to demand: six reads at once leave six idle connections (the server's share is
+    larger), a ceiling of three keeps three, and once demand falls a sweep brings the size
+    back to ``per_dsn``."""
+    from planners.postgres.pool import server_share
+
+    for ceiling, kept in ((server_share, 6), (lambda _con: 3, 3)):
+        pool = ConnectionPool(connect_adbc, per_dsn=2, ceiling=ceiling)
+        taken = [pool.take(pg_dsn)[0] for _ in range(6)]
+        for con in taken:
+            pool.give(pg_dsn, con)
+        assert pool.idle_count(pg_dsn) == kept
+        assert pool.keep(pg_dsn) == kept
+        pool.sweep()  # nothing in flight now
+        assert pool.keep(pg_dsn) == 2
+        pool.clear()
+        assert pool.idle_count() == 0

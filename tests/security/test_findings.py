@@ -204,6 +204,31 @@ def test_a_symlink_cannot_lead_out_of_the_root(tmp_path: Path) -> None:
             )
 
 
+@pytest.mark.parametrize("plain_files", [3, 40])  # one lstat each / one directory listing
+def test_a_symlink_among_many_files_cannot_lead_out_of_the_root(
+    tmp_path: Path, plain_files: int
+) -> None:
+    """Files are resolved per directory (each directory once, then each name): a link among
+    plain files is still resolved to where it leads, and refused."""
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    names = [f"p{i}.parquet" for i in range(plain_files)]
+    for n in names:
+        pq.write_table(pa.table({"id": [1], "v": ["x"]}), data / n)
+    (data / "link.parquet").symlink_to(tmp_path / "c.db")
+    with secure(tmp_path) as c:
+        c["admin"].create_table("t", SCHEMA)
+        c["admin"].add_source("t", "ok", "files", config={"root": str(data)})
+        c["writer"].commit("t", updates=[{"source": "ok", "state": {"files": names}}])
+        assert c["writer"].read("t").num_rows == plain_files
+        with pytest.raises(InvalidArgument, match="outside the source's root"):
+            c["writer"].commit(
+                "t", updates=[{"source": "ok", "state": {"files": [*names, "link.parquet"]}}]
+            )
+
+
 def test_doput_never_overwrites_another_tables_file(tmp_path: Path) -> None:
     with secure(tmp_path) as c:
         for t in ("t1", "t2"):
