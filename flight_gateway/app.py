@@ -106,6 +106,7 @@ class HarnessFlightServer:
             self.rest.shutdown()
         self.flight.shutdown()
         self.sql.close()
+        self.core.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

@@ -54,6 +54,12 @@ BYTES = Counter(
     "harness_bytes_served", "Arrow bytes streamed by DoGet", ["table", "kind"], registry=REGISTRY
 )
 COMMITS = Counter("harness_commits", "Commits by outcome", ["table", "outcome"], registry=REGISTRY)
+SQL_CACHE = Counter(
+    "harness_sql_cache",
+    "Flight SQL per-version caches by outcome (types: result schemas; relations: planned tables)",
+    ["cache", "outcome"],
+    registry=REGISTRY,
+)
 LOCKS = Counter("harness_lock_requests", "Lock requests by outcome", ["outcome"], registry=REGISTRY)
 LOCK_EXPIRED = Counter(
     "harness_lock_expired", "Commits refused because their lock had expired", registry=REGISTRY

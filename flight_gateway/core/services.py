@@ -10,12 +10,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import tempfile
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from flight_gateway.catalog import Catalog
 from flight_gateway.core.config import GatewayConfig
 from flight_gateway.core.context import Gateway
+from flight_gateway.core.layout import Layouts, SliceStore
 from flight_gateway.core.read import ReadService
 from flight_gateway.core.secrets import SecretResolver
 from flight_gateway.core.slots import Slots
@@ -34,6 +38,30 @@ class Core:
     uploads: Slots
     #: SQL statements gateway-wide (each also holds one of its caller's streams).
     statements: Slots
+    config: GatewayConfig | None = None
+    _layouts: Layouts | None = field(default=None, repr=False)
+    _layouts_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def layouts(self) -> Layouts:
+        """Pinned versions as files (DESIGN §16-§17): the process's one slice store, shared by
+        the Iceberg REST face and Flight SQL (hot slices made once for both), made on first
+        use under ``iceberg_rest_dir`` (default: a temporary directory)."""
+        with self._layouts_lock:
+            if self._layouts is None:
+                config = self.config or GatewayConfig()
+                settings = config.rest_settings
+                root = Path(config.iceberg_rest_dir or tempfile.mkdtemp(prefix="harness-slices-"))
+                store = SliceStore(root, budget_bytes=settings.disk_budget_mb << 20,
+                                   pin_s=settings.pin_s,
+                                   group_readable=settings.group_readable)  # fmt: skip
+                self._layouts = Layouts(self.gw, store)
+            return self._layouts
+
+    def close(self) -> None:
+        with self._layouts_lock:
+            if self._layouts is not None:
+                self._layouts.store.close()
 
     @property
     def catalog(self) -> Catalog:
@@ -64,7 +92,7 @@ class Core:
         statements = Slots(limits.max_concurrent_statements, "max_concurrent_statements",
                            limits.max_concurrent_statements, "max_concurrent_statements",
                            what="SQL statements")  # fmt: skip
-        return cls(gw, reads, streams, uploads, statements)
+        return cls(gw, reads, streams, uploads, statements, config)
 
     @contextlib.contextmanager
     def statement_slots(self, name: str) -> Iterator[None]:

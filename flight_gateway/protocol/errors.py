@@ -69,6 +69,12 @@ class TimedOut(HarnessError):
     status = "DEADLINE_EXCEEDED"
 
 
+class Cancelled(HarnessError):
+    """The caller cancelled the call (``CancelFlightInfo``, Flight SQL's ``CancelQuery``)."""
+
+    status = "CANCELLED"
+
+
 class ResourceExhausted(HarnessError):
     """A limit was reached: a request too large, or too many calls at once (``Busy``)."""
 

@@ -42,6 +42,8 @@ def to_flight_error(err: E.HarnessError) -> Exception:
         return fl.FlightUnavailableError(msg)
     if isinstance(err, E.TimedOut):
         return fl.FlightTimedOutError(msg)
+    if isinstance(err, E.Cancelled):
+        return fl.FlightCancelledError(msg)
     kind = (
         "lock_expired"
         if isinstance(err, E.LockExpired)
@@ -95,6 +97,8 @@ def from_flight_error(exc: Exception) -> Exception:
         return E.Unavailable(msg)
     if isinstance(exc, fl.FlightTimedOutError):
         return E.TimedOut(msg)
+    if isinstance(exc, fl.FlightCancelledError):
+        return E.Cancelled(msg)
     if isinstance(exc, pa.ArrowInvalid):
         return E.InvalidArgument(msg)
     if isinstance(exc, (pa.ArrowKeyError, KeyError)):

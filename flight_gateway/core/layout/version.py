@@ -97,6 +97,21 @@ class Layouts:
         return VersionLayout(snap.table, snap.table_id, snap.version, snap.committed_at,
                              snap.schema.schema_id, columns, tuple(out))  # fmt: skip
 
+    def source_files(
+        self,
+        snap: TableSnapshot,
+        name: str,
+        slot: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> SourceFiles:
+        """One source of ``snap`` as files (in place, or its slices made once), recorded as
+        used by the version like a whole layout (Flight SQL reads a hot source this way)."""
+        columns = column_specs(snap, snap.schema.names)
+        with self.store.hold(snap.table_id, snap.version):
+            with tracing.span("layout.source", source=name):
+                files, used = self._source(snap, name, columns, slot)
+            self.store.use(snap.table_id, snap.table, snap.version, used)
+        return files
+
     # ------------------------------------------------------------------ one source
 
     def _identity(self, snap: TableSnapshot, name: str, columns: Sequence[ColumnSpec]) -> str:

@@ -122,7 +122,9 @@ class Builder:
         self._streams = 0
 
     def view(self, index: int, rel: TableRelation, materialize: bool) -> None:
-        types = duckdb_types(self.meta, rel.schema)
+        if rel.duck_types is None:  # a relation planned once serves many statements
+            rel.duck_types = duckdb_types(self.meta, rel.schema)
+        types = rel.duck_types
         names = [c.names for c in rel.columns]
         selects = []
         for part in rel.parts:
@@ -167,7 +169,9 @@ class Builder:
         if not files:
             return []  # the tasks hold no file: no rows from this source
         self.plan.files.extend(files)
-        footers = self._footers(files)
+        if part.footers is None:
+            part.footers = self._footers(files)
+        footers = part.footers
         groups: dict[tuple[str | None, ...], list[str]] = {}
         for f in files:
             groups.setdefault(_physical(names, scan.field_ids, footers.get(f, [])), []).append(f)

@@ -9,7 +9,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
@@ -24,6 +24,7 @@ from planners.execute import execute
 from planners.kind import ColumnSpec, EngineScan, ParquetScan, ScansInEngine, ScanTask, SourceKind
 
 if TYPE_CHECKING:
+    from flight_gateway.core.layout import Layouts
     from flight_gateway.core.read import ReadService
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ class Part:
     tasks: int
     scan: EngineScan | None = None
     open: Callable[[], pa.RecordBatchReader] | None = None
+    #: The Parquet footers' top-level (name, field id) per file of ``scan``, read by the first
+    #: statement that builds a view over this part (pinned files do not change).
+    footers: dict[str, list[tuple[str, int | None]]] | None = None
 
 
 @dataclass
@@ -50,6 +54,13 @@ class TableRelation:
     parts: list[Part] = field(default_factory=list)
     filter: str | None = None
     pruned: list[str] = field(default_factory=list)  # sources the filter rules out
+    duck_types: list[str] | None = None  # DuckDB's name of each column's type, once known
+    uses: int = 0  # statements that read it (a cached relation serves many)
+
+    @property
+    def hot(self) -> bool:
+        """Some source is read from its server or as a stream (not as Parquet in place)."""
+        return any(not isinstance(p.scan, ParquetScan) for p in self.parts)
 
     def report(self) -> dict[str, Any]:
         return {
@@ -167,3 +178,24 @@ def plan_table(
             part.open = _chain(schema, sp.kind, sp.request, sp.tasks, list(shape.projection))
         out.parts.append(part)
     return out
+
+
+def sliced(rel: TableRelation, snap: TableSnapshot, layouts: Layouts) -> TableRelation:
+    """``rel`` with each source read from a server or as a stream replaced by its pinned
+    rows as Parquet slices (DESIGN §17: made once per pinned state, in the slice store the
+    Iceberg REST face uses too), scanned by the engine like files in place. A source whose
+    layout carries deletes keeps its own scan."""
+    field_ids = {c.name: c.field_id for c in rel.columns}
+    parts = []
+    for p in rel.parts:
+        if isinstance(p.scan, ParquetScan):
+            parts.append(p)
+            continue
+        files = layouts.source_files(snap, p.source)
+        paths = [local_path(f.path) for f in files.data]
+        if files.deletes or any(path is None for path in paths):
+            parts.append(p)
+            continue
+        scan = ParquetScan(tuple(path for path in paths if path), field_ids)
+        parts.append(Part(p.source, p.kind, p.tasks, scan))
+    return replace(rel, parts=parts, uses=rel.uses)

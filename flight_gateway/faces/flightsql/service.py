@@ -7,7 +7,8 @@ Served: ``CommandStatementQuery`` (+ ``TicketStatementQuery``), prepared stateme
 parameters (``CreatePreparedStatement``/``ClosePreparedStatement`` actions, parameters bound by
 DoPut, ``CommandPreparedStatementQuery``), ``CommandGetSqlInfo``, ``CommandGetCatalogs``,
 ``CommandGetDbSchemas``, ``CommandGetTables``, ``CommandGetTableTypes`` and
-``CommandGetPrimaryKeys``. Everything else is UNIMPLEMENTED; updates are refused (read-only).
+``CommandGetPrimaryKeys``; statements are cancelled by ``CancelFlightInfo`` and ``CancelQuery``
+(``cancels``). Everything else is UNIMPLEMENTED; updates are refused (read-only).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from flight_gateway.core.limits import SqlLimits
 from flight_gateway.core.read.shape import column_specs
 from flight_gateway.core.services import Core
 from flight_gateway.core.write.ingest import read_upload
-from flight_gateway.faces.flightsql import engine, metadata, query, relations
+from flight_gateway.faces.flightsql import cancels, engine, metadata, plans, query, relations
 from flight_gateway.faces.flightsql.handles import HandleSealer
 from flight_gateway.faces.flightsql.workers import Execution, Plan, WorkerPool
 from flight_gateway.protocol import ReadRequest
@@ -36,6 +37,10 @@ from flight_gateway.protocol.errors import InvalidArgument
 from flight_gateway.protocol.flightsql import is_statement, pack, pb, unpack
 
 log = logging.getLogger(__name__)
+#: A pinned version's hot sources (PostgreSQL, Kafka, streams) are made Parquet slices when
+#: this many statements read them: a single read pays no copy; a version read again (a
+#: dashboard, a benchmark's second run, a statement's retry) reads its copy from then on.
+SLICE_AFTER_USES = 2
 #: Bound parameters are one row: more than this decoded is RESOURCE_EXHAUSTED.
 MAX_PARAMETER_BYTES = 1 << 20
 SQL_INFO: dict[int, str | bool | int] = {
@@ -50,6 +55,11 @@ SQL_INFO: dict[int, str | bool | int] = {
     pb.SQL_DDL_TABLE: False,
     pb.SQL_IDENTIFIER_QUOTE_CHAR: '"',
 }
+
+
+def _files_listed(rel: relations.TableRelation) -> int:
+    """A planned table's weight in the relation cache: the files it lists, one per part."""
+    return sum(1 + len(getattr(p.scan, "files", ()) or ()) for p in rel.parts) + 1
 
 
 @dataclass
@@ -71,7 +81,7 @@ class FlightSqlService:
     """Flight SQL over the core, carried by the Flight face (``faces.flight.server.Carried``)."""
 
     #: The Flight SQL actions (every other action is the Flight face's).
-    actions = frozenset({"CreatePreparedStatement", "ClosePreparedStatement"})
+    actions = frozenset({"CreatePreparedStatement", "ClosePreparedStatement"}) | cancels.ACTIONS
 
     def __init__(
         self,
@@ -88,6 +98,11 @@ class FlightSqlService:
         self.catalog = core.catalog
         #: Handles expire like tickets (the gateway's ``ticket_ttl_s``).
         self.handles = HandleSealer(key, ttl_s)
+        self.running = cancels.Running(ttl_s)
+        self.types: plans.Lru[pa.Schema] = plans.Lru("types", 4096, 4096)
+        self.relations: plans.Lru[relations.TableRelation] = plans.Lru(
+            "relations", 1024, 500_000, weigh=_files_listed
+        )
 
     @staticmethod
     def claim(data: bytes) -> Any | None:
@@ -106,7 +121,7 @@ class FlightSqlService:
             raise InvalidArgument("the statement has parameters: prepare it and bind them")
         refs = query.table_refs(tree)
         moment = self.catalog.now()  # one cut for every table not pinned explicitly
-        pins, ids = [], []
+        pins, ids, schemas = [], [], []
         for r in refs:
             who.require("read", r.table)
             if r.version is not None:
@@ -117,8 +132,10 @@ class FlightSqlService:
                 )
             pins.append(snap.version)
             ids.append(snap.table_id)
+            schemas.append(snap.schema.schema_id)
         sql = tree.sql(query.DIALECT)
-        return {"kind": "statement", "sql": sql, "pins": pins, "ids": ids, "who": who.name}
+        return {"kind": "statement", "sql": sql, "pins": pins, "ids": ids, "who": who.name,
+                "schemas": schemas}  # fmt: skip
 
     def _prepare_reads(
         self, handle: dict[str, Any], who: Principal | None = None
@@ -162,13 +179,33 @@ class FlightSqlService:
                 cols = [c for c in names if c in used] or names[:1]  # one, so row counts hold
             flt = relations.combined_filter(snap, [refs[i].filters for i in members])
             if plan:
-                rels.append(relations.plan_table(self.reads, snap, cols, flt))
+                rels.append(self._planned(snap, cols, flt))
             else:
                 rels.append(relations.empty_relation(snap, cols))
             again.append(len(members) > 1 or query.reads_more_than_once(tree))
             for i in members:
                 relation_of[i] = n
         return Statement(tree, refs, relation_of, again), rels
+
+    def _planned(self, snap: Any, cols: list[str], flt: str | None) -> relations.TableRelation:
+        """``cols`` of ``snap`` planned, once per pinned version (``plans``)."""
+
+        def plan() -> relations.TableRelation:
+            return relations.plan_table(self.reads, snap, cols, flt)
+
+        key = (snap.table_id, snap.version, tuple(cols), flt)
+        rel = self.relations.get(key, plan)
+        rel.uses += 1
+        if rel.uses == SLICE_AFTER_USES and rel.hot:
+            try:
+                with tracing.span("sql.slice", table=snap.table):
+                    rel = relations.sliced(rel, snap, self.core.layouts)
+            except Exception:  # the slice store full, a source failing: read it as before
+                log.warning("flight sql: %s@%d read without slices", snap.table, snap.version,
+                            exc_info=True)  # fmt: skip
+            else:
+                self.relations.put(key, rel)
+        return rel
 
     def _run(self, plan: Plan, op: str) -> Execution:
         dsns = plan.dsns
@@ -194,15 +231,25 @@ class FlightSqlService:
     def schema_of(self, handle: dict[str, Any], who: Principal) -> pa.Schema:
         """The result schema: the statement over empty relations of the pinned columns (nothing
         is planned or read), typed by DuckDB in a worker: binding evaluates constant
-        expressions, so typing holds a statement's slots and bounds like running it."""
+        expressions, so typing holds a statement's slots and bounds like running it. The same
+        SQL over tables of the same schemas was typed before: that answer (``plans``)."""
+        schemas = handle.get("schemas")
+        if schemas is None:  # a handle sealed before handles carried schema ids
+            return self._typed(handle, who)
+        key = (handle["sql"], tuple(handle.get("ids") or ()), tuple(schemas))
+        return self.types.get(key, lambda: self._typed(handle, who))
+
+    def _typed(self, handle: dict[str, Any], who: Principal) -> pa.Schema:
         stmt, rels = self._relations(handle, plan=False)
         plan = engine.build(self._sql(stmt), rels, stmt.again)
         with self.core.statement_slots(who.name):  # as running it: typing evaluates
             return self._run(plan, "schema").schema()
 
-    def execute(self, handle: dict[str, Any], who: Principal) -> pa.RecordBatchReader:
+    def execute(
+        self, handle: dict[str, Any], who: Principal, key: bytes = b""
+    ) -> pa.RecordBatchReader:
         """The statement's result, streamed as its worker produces it (the caller holds the
-        statement's slots until the stream ends)."""
+        statement's slots until the stream ends); cancellable by its sealed handle ``key``."""
         with tracing.span("sql.plan"):
             stmt, rels = self._relations(handle, plan=True, who=who)
         sql = self._sql(stmt)
@@ -217,7 +264,8 @@ class FlightSqlService:
             for r in rels
         }
         log.info("flight sql: %s", json.dumps(report))
-        return tracing.traced_stream("sql.execute", self._run(plan, "run").stream())
+        stream = self.running.stream(key, self._run(plan, "run"))
+        return tracing.traced_stream("sql.execute", stream)
 
     def close(self) -> None:
         self.workers.close()
@@ -271,9 +319,12 @@ class FlightSqlService:
         slot and a statement slot until then."""
         if not is_statement(message):
             return self._metadata(message, who).to_reader(), None
+        key = bytes(message.statement_handle)
+        handle = self._open(key, who, "statement")
+        self.running.check(key)
         self.core.take_statement_slots(who.name)
         try:
-            reader = self.execute(self._open(message.statement_handle, who, "statement"), who)
+            reader = self.execute(handle, who, key)
         except BaseException:
             self.core.release_statement_slots(who.name)
             raise
@@ -348,7 +399,18 @@ class FlightSqlService:
             return [pack(result)]
         if action_type == "ClosePreparedStatement":
             return []  # handles hold no server state
+        if action_type in cancels.ACTIONS:
+            return [self._cancel(action_type, body, who)]
         raise NotImplementedError(f"Flight SQL action {action_type!r} is not supported")
+
+    def _cancel(self, action_type: str, body: bytes, who: Principal) -> bytes:
+        """Cancel the statements of a FlightInfo issued to ``who``: NOT_CANCELLABLE when it
+        names none (a native read, a metadata result)."""
+        status = cancels.NOT_CANCELLABLE
+        for key in cancels.statement_handles(action_type, body):
+            self._open(key, who, "statement", keep_expiry=True)
+            status = self.running.cancel(key)
+        return cancels.result(action_type, status)
 
     def _parameter_schema(self, tree: Any) -> pa.Schema:
         """The parameters' types, for clients that bind by them (JDBC): each that of the column

@@ -29,7 +29,12 @@ from typing import Any
 import pyarrow as pa
 
 from flight_gateway.faces.flightsql import worker as protocol
-from flight_gateway.protocol.errors import HarnessError, ResourceExhausted, Unavailable
+from flight_gateway.protocol.errors import (
+    Cancelled,
+    HarnessError,
+    ResourceExhausted,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -291,6 +296,7 @@ class Execution:
         self.pool, self.plan, self.translate = pool, plan, translate
         self.worker = pool.take()
         self._done = False
+        self._finishing = threading.Lock()
         self._answered = False
         self.result_r: int | None = None
         self.source: Any = None
@@ -322,12 +328,21 @@ class Execution:
         self.timer.daemon = True
         self.timer.start()
         self.timed_out = False
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """The caller cancelled the statement: stop it; its stream ends with CANCELLED."""
+        self.cancelled = True
+        self.interrupt(timed_out=False)
 
     def interrupt(self, timed_out: bool = True) -> None:
         """Ask the worker to stop the statement; kill it if it has not within ``GRACE_S``."""
         self.timed_out = self.timed_out or timed_out
-        with contextlib.suppress(OSError):
-            os.write(self.interrupt_w, b"x")
+        with self._finishing:
+            if self._done:  # its pipe is closed, and its descriptor may be another file's now
+                return
+            with contextlib.suppress(OSError):
+                os.write(self.interrupt_w, b"x")
         killer = threading.Timer(GRACE_S, self._kill_unless_done)
         killer.daemon = True
         killer.start()
@@ -338,6 +353,8 @@ class Execution:
             self.worker.kill()
 
     def _died(self, e: BaseException) -> BaseException:
+        if self.cancelled:
+            return Cancelled("the statement was cancelled")
         if self.timed_out:
             return self.translate("interrupted", "")
         return ResourceExhausted(
@@ -359,6 +376,8 @@ class Execution:
             self._finish(healthy=message["error"] not in ("memory", "internal"))
             if failed is not None:  # the source's own failure says more than DuckDB's
                 raise _source_failure(failed)
+            if self.cancelled:
+                raise Cancelled("the statement was cancelled")
             kind = "interrupted" if self.timed_out else str(message["error"])
             raise self.translate(kind, str(message.get("message", "")))
         self._finish(healthy=True)
@@ -367,9 +386,10 @@ class Execution:
         return message
 
     def _finish(self, healthy: bool) -> None:
-        if self._done:
-            return
-        self._done = True
+        with self._finishing:
+            if self._done:
+                return
+            self._done = True
         timer = getattr(self, "timer", None)
         if timer is not None:
             timer.cancel()
@@ -377,7 +397,8 @@ class Execution:
             _close(self.result_r)
             self.result_r = None
         self._close_source()
-        _close(getattr(self, "interrupt_w", -1))
+        with self._finishing:
+            _close(getattr(self, "interrupt_w", -1))
         for f in self.feeders:
             f.join(GRACE_S)
         self.pool.give_back(self.worker, healthy)

@@ -14,14 +14,11 @@ import asyncio
 import json
 import logging
 import ssl
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from flight_gateway.core.config import GatewayConfig, RestSettings
-from flight_gateway.core.layout import Layouts, SliceStore
 from flight_gateway.core.slots import Slots
 from flight_gateway.faces.iceberg_rest.catalog import Request, RestCatalog, RestError, error_body
 from flight_gateway.faces.iceberg_rest.metadata import MetadataWriter
@@ -210,17 +207,14 @@ class RestServer:
             loop.call_soon_threadsafe(self._server.stop)
             loop.call_soon_threadsafe(loop.stop)
         self.thread.join(10)
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.rest.store.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)  # the store is the core's
 
 
 def mount(core: Any, config: GatewayConfig) -> RestServer:
     """The REST face of ``core`` on ``config.iceberg_rest_port``."""
     settings = config.rest_settings
-    root = Path(config.iceberg_rest_dir or tempfile.mkdtemp(prefix="harness-rest-"))
-    store = SliceStore(root, budget_bytes=settings.disk_budget_mb << 20, pin_s=settings.pin_s,
-                       group_readable=settings.group_readable)  # fmt: skip
-    layouts = Layouts(core.gw, store)
+    layouts = core.layouts  # shared with Flight SQL: a hot slice is made once for both
+    store, root = layouts.store, layouts.store.root
     loads = Slots(settings.max_loads_per_principal, "iceberg_rest.max_loads_per_principal",
                   settings.max_concurrent_loads, "iceberg_rest.max_concurrent_loads",
                   what="loads making slices")  # fmt: skip

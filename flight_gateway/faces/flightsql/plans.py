@@ -1,0 +1,78 @@
+"""What statements reuse of a pinned version (DESIGN §17: a pinned version never changes).
+
+- ``types``: a statement's result schema, keyed by its SQL and the schema (table id, schema
+  id) of each table it reads: typing binds the statement in a worker process (a round trip and
+  DuckDB's binder), and its answer depends on the tables' columns only, not on their rows.
+- ``relations``: a table planned for the engine at a pinned version (its sources' pinned file
+  lists with their column mappings, PostgreSQL queries, streams opened lazily), keyed by table
+  id, version, the columns the statement uses and the filter that pruned it. Permissions are
+  whole tables (checked before either cache is asked), so what a caller may read is the table.
+
+Both are bounded LRUs (entries; relations also by the files they list) and count hits and
+misses (``harness_sql_cache``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+from flight_gateway.core.metrics import SQL_CACHE
+
+V = TypeVar("V")
+
+
+class Lru(Generic[V]):
+    """At most ``entries`` values of total ``weight`` at most ``max_weight``."""
+
+    def __init__(
+        self, name: str, entries: int, max_weight: int, weigh: Callable[[V], int] = lambda _: 1
+    ) -> None:
+        self.name, self.entries, self.max_weight, self.weigh = name, entries, max_weight, weigh
+        self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
+        self._weight = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: Hashable, make: Callable[[], V]) -> V:
+        """The value of ``key``, made by ``make`` (outside the lock) on a miss."""
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+        if hit is not None:
+            SQL_CACHE.labels(self.name, "hit").inc()
+            return hit[0]
+        value = make()
+        weight = self.weigh(value)
+        with self._lock:
+            self.misses += 1
+            if weight <= self.max_weight and key not in self._items:
+                self._items[key] = (value, weight)
+                self._weight += weight
+                while len(self._items) > self.entries or self._weight > self.max_weight:
+                    _, (_, w) = self._items.popitem(last=False)
+                    self._weight -= w
+        SQL_CACHE.labels(self.name, "miss").inc()
+        return value
+
+    def put(self, key: Hashable, value: V) -> None:
+        """Replace the value of ``key`` (kept only if it is still cached)."""
+        with self._lock:
+            old = self._items.get(key)
+            if old is not None:
+                weight = self.weigh(value)
+                self._items[key] = (value, weight)
+                self._weight += weight - old[1]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._weight = 0
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"hits": self.hits, "misses": self.misses, "entries": len(self._items)}
