@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.protocol.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument, Unavailable
 from planners.common import to_physical
 from planners.kind import Additive
 from planners.postgres import PostgresConfig
@@ -52,7 +52,11 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
     # the table written, so one table's commit id never stands for another's write (two tables
     # of one catalog, or of two catalogs, may well use the same commit ids and source names).
     entry = f"{config.qualified()}:{commit_id}"
-    with psycopg.connect(config.dsn) as conn:
+    try:
+        connection = psycopg.connect(config.dsn, connect_timeout=10)
+    except psycopg.OperationalError as e:  # the server, not the caller: UNAVAILABLE, retried
+        raise Unavailable(f"source {source!r}: cannot connect to PostgreSQL: {e}") from None
+    with connection as conn:
         ensure_current(conn, config.schema)
         _ensure_log(conn)
         with conn.transaction():
