@@ -66,7 +66,8 @@ def test_sources_are_scanned_by_duckdb_and_named_tables_planned_once(
     setup: tuple[Any, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Q21 names lineitem three times and Q7 names nation twice: each is planned once; the
-    file-based and Postgres sources are scanned by DuckDB, DuckLake through the stream."""
+    file-based and Postgres sources are scanned by DuckDB, DuckLake through the stream (or,
+    read before at that version, from slices)."""
     client, oracle = setup
     caplog.set_level(logging.INFO, logger="flight_gateway.faces.flightsql.service")
     statements = dict(tpch.queries(oracle))
@@ -82,10 +83,9 @@ def test_sources_are_scanned_by_duckdb_and_named_tables_planned_once(
     q21, q7 = plans[-2], plans[-1]
     assert sorted(q21) == ["lineitem", "nation", "orders", "supplier"]
     scans = {s["name"]: s["scan"] for s in q21["lineitem"]["sources"]}
-    assert scans == {
-        "files": "ParquetScan",
-        "iceberg": "ParquetScan",
-        "postgres": "PostgresScan",
-        "delta": "ParquetScan",
-    }
-    assert [s["scan"] for s in q7["nation"]["sources"]] == ["stream"]
+    # Postgres is scanned on its server the first time a version is read with these columns,
+    # and from its Parquet slices once a statement read it before (the queries above may have).
+    hot = scans.pop("postgres")
+    assert hot in ("PostgresScan", "ParquetScan")
+    assert scans == {"files": "ParquetScan", "iceberg": "ParquetScan", "delta": "ParquetScan"}
+    assert [s["scan"] for s in q7["nation"]["sources"]] in (["stream"], ["ParquetScan"])
