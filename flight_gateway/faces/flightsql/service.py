@@ -120,12 +120,19 @@ class FlightSqlService:
         elif any(True for _ in tree.find_all(query.exp.Placeholder)):
             raise InvalidArgument("the statement has parameters: prepare it and bind them")
         refs = query.table_refs(tree)
-        moment = self.catalog.now()  # one cut for every table not pinned explicitly
+        floating = {r.table for r in refs if r.version is None and r.as_of is None}
+        # One cut for every table not pinned explicitly: the catalog's clock when several
+        # tables float; one table's cut is simply its latest version (a clock query less).
+        moment = self.catalog.now() if len(floating) > 1 else None
         pins, ids, schemas = [], [], []
+        latest: dict[str, Any] = {}  # a table named twice is pinned once
         for r in refs:
             who.require("read", r.table)
             if r.version is not None:
                 snap = self.reads.snapshot(r.table, r.version)
+            elif r.as_of is None and moment is None:
+                snap = latest.get(r.table) or self.reads.snapshot(r.table)
+                latest[r.table] = snap
             else:
                 snap = self.reads.snapshot(
                     r.table, None, r.as_of if r.as_of is not None else moment
