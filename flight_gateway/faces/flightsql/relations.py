@@ -193,8 +193,8 @@ def sliced(rel: TableRelation, snap: TableSnapshot, layouts: Layouts) -> TableRe
             continue
         files = layouts.source_files(snap, p.source)
         paths = [local_path(f.path) for f in files.data]
-        if files.deletes or any(path is None for path in paths):
-            parts.append(p)
+        if files.deletes or any(path is None or _GLOB.search(path) for path in paths):
+            parts.append(p)  # DuckDB would read * ? [ ] { } in a name as a pattern
             continue
         scan = ParquetScan(tuple(path for path in paths if path), field_ids)
         parts.append(Part(p.source, p.kind, p.tasks, scan))

@@ -27,6 +27,7 @@ from flight_gateway.core import tracing
 from flight_gateway.core.auth import Principal
 from flight_gateway.core.limits import SqlLimits
 from flight_gateway.core.read.shape import column_specs
+from flight_gateway.core.secrets import scrub
 from flight_gateway.core.services import Core
 from flight_gateway.core.write.ingest import read_upload
 from flight_gateway.faces.flightsql import cancels, engine, metadata, plans, query, relations
@@ -211,9 +212,9 @@ class FlightSqlService:
             try:
                 with tracing.span("sql.slice", table=snap.table):
                     rel = relations.sliced(rel, snap, self.core.layouts)
-            except Exception:  # the slice store full, a source failing: read it as before
-                log.warning("flight sql: %s@%d read without slices", snap.table, snap.version,
-                            exc_info=True)  # fmt: skip
+            except Exception as e:  # the slice store full, a source failing: read as before
+                log.warning("flight sql: %s@%d read without slices: %s", snap.table,
+                            snap.version, scrub(str(e)))  # fmt: skip
             else:
                 self.relations.put(key, rel)
         return rel
