@@ -54,7 +54,7 @@ def rewrite(
     """Commit ``files`` in place of the data files of snapshot ``replaced``; the new current
     snapshot id. ``lineage_after(table, since)``: the snapshots after ``since``."""
     from pyiceberg.exceptions import CommitFailedException
-    from pyiceberg.table import _parquet_files_to_data_files
+    from pyiceberg.table import TableProperties, _parquet_files_to_data_files
 
     since, on_lineage = lineage_after(table, replaced)
     if not on_lineage:
@@ -70,9 +70,9 @@ def rewrite(
     old = _data_files(table, replaced)
     try:
         with table.transaction() as tx:
-            if tx.table_metadata.name_mapping() is None:
-                tx.set_properties(**{"schema.name-mapping.default":
-                                     tx.table_metadata.schema().name_mapping.model_dump_json()})  # fmt: skip
+            if tx.table_metadata.name_mapping() is None:  # as pyiceberg's add_files sets it
+                mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
+                tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: mapping})
             with tx.update_snapshot(snapshot_properties=props).overwrite() as ow:
                 for data_file in old:
                     ow.delete_data_file(data_file)

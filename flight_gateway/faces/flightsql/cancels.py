@@ -84,10 +84,6 @@ class Running:
             ex.cancel()
         return CANCELLED
 
-    def count(self) -> int:
-        with self._lock:
-            return sum(len(v) for v in self._running.values())
-
 
 def _field_one(body: bytes) -> bytes:
     """Field 1 (length-delimited) of a protobuf message: ``CancelFlightInfoRequest.info``."""

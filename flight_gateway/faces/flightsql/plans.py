@@ -68,11 +68,6 @@ class Lru(Generic[V]):
                 self._items[key] = (value, weight)
                 self._weight += weight - old[1]
 
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._weight = 0
-
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"hits": self.hits, "misses": self.misses, "entries": len(self._items)}
