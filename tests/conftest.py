@@ -82,6 +82,23 @@ def kafka_bootstrap() -> Iterator[str]:
         yield bootstrap
 
 
+@pytest.fixture(scope="session")
+def hudi_spark() -> Iterator[object]:
+    """One Spark with Hudi's Spark bundle for the session: writes the Hudi tables the ``hudi``
+    kind reads and reads them itself, as the oracle (flight_gateway/local/hudi.py)."""
+    from flight_gateway.local.hudi import HudiSpark
+    from flight_gateway.protocol.errors import Unavailable
+    from tests.services import missing
+
+    try:
+        spark = HudiSpark()
+    except Unavailable as e:
+        missing(f"Spark with Hudi's bundle: {e}")
+        return
+    with spark:
+        yield spark
+
+
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[tuple[object, object]]:
     with running_gateway(f"sqlite:///{tmp_path / 'catalog.db'}") as (server, cat):

@@ -133,9 +133,11 @@ class Catalog:
         """The table's id and the versions it keeps (one primary-key lookup)."""
         return queries.head(self._fast or self.engine, name)
 
-    def history(self, name: str, limit: int | None = None) -> list[CommitInfo]:
-        """Commits of the table, newest first."""
-        return queries.history(self.engine, name, limit)
+    def history(
+        self, name: str, limit: int | None = None, until: int | None = None
+    ) -> list[CommitInfo]:
+        """Commits of the table, newest first (those up to version ``until`` when given)."""
+        return queries.history(self.engine, name, limit, until)
 
     # ------------------------------------------------------------------ commit
 

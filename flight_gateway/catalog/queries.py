@@ -143,17 +143,17 @@ def current_version(engine: Engine, name: str) -> int:
         return int(table_row(conn, name).current_version)
 
 
-def history(engine: Engine, name: str, limit: int | None = None) -> list[CommitInfo]:
+def history(
+    engine: Engine, name: str, limit: int | None = None, until: int | None = None
+) -> list[CommitInfo]:
     if limit is not None:
         check_positive_int(limit, "limit")
     with read_tx(engine) as conn:
         t = table_row(conn, name)
-        q = (
-            select(versions)
-            .where(versions.c.table_id == t.id)
-            .order_by(versions.c.version.desc())
-            .limit(limit)
-        )
+        q = select(versions).where(versions.c.table_id == t.id)
+        if until is not None:
+            q = q.where(versions.c.version <= until)
+        q = q.order_by(versions.c.version.desc()).limit(limit)
         return [
             CommitInfo(
                 int(r.version), float(r.committed_at), r.commit_id, int(r.schema_id), r.summary

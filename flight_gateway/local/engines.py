@@ -61,12 +61,22 @@ FLIGHT_SQL_JDBC = Artifact("org.apache.arrow", "flight-sql-jdbc-driver", "18.3.0
 #: a Python environment of its own with pyspark 4.1 (``spark_python``).
 ICEBERG_SPARK = Artifact("org.apache.iceberg", "iceberg-spark-runtime-4.1_2.13", "1.11.0", ".jar",
                          "d6ea6c5d099288daeb7d5a92061bd3d7d8f296492632b42378e5f2f0e3066242")  # fmt: skip
-ALL = (TRINO_SERVER, TRINO_ICEBERG, FLIGHT_SQL_JDBC, ICEBERG_SPARK)
-#: pyspark for that runtime, and its one dependency, pinned by hash (pip --require-hashes).
-SPARK_REQUIREMENTS = """\
+#: Apache Hudi's Spark bundle: its newest release supports Spark up to 3.5 (Scala 2.12), so it
+#: runs in a pyspark 3.5 environment of its own (``spark_python("3.5.7")``) on a JDK 17.
+HUDI_SPARK = Artifact("org.apache.hudi", "hudi-spark3.5-bundle_2.12", "1.1.1", ".jar",
+                      "5470908f0d26897fb6e0768790e6c75e3d05d2fa013f7d81c8f90c74056d1604")  # fmt: skip
+ALL = (TRINO_SERVER, TRINO_ICEBERG, FLIGHT_SQL_JDBC, ICEBERG_SPARK, HUDI_SPARK)
+#: Each pyspark environment's requirements, pinned by hash (pip --require-hashes).
+SPARK_REQUIREMENTS = {
+    "4.1.4": """\
 pyspark==4.1.4 --hash=sha256:bcbd5e18690cf79d438e97210ad06fb8d451a251bb77becc2b0418868d2acd73
 py4j==0.10.9.9 --hash=sha256:c7c26e4158defb37b0bb124933163641a2ff6e3a3913f7811b0ddbe07ed61533
-"""
+""",
+    "3.5.7": """\
+pyspark==3.5.7 --hash=sha256:80e36514e0c5c126d35a26adf4f405cd4a69de96a8ea8a3c1e9a65fce2fb4eaa
+py4j==0.10.9.7 --hash=sha256:85defdfd2b2376eb3abf5ca6474b51ab7e0de341c75a02f46dc9b5976f5a5c1b
+""",
+}
 
 
 def cache_dir() -> Path:
@@ -191,9 +201,10 @@ def trino_home() -> Path:
 # ---------------------------------------------------------------------- Spark with Iceberg
 
 
-def spark_python() -> Path:
-    """A Python with pyspark 4.1 (for Iceberg's Spark runtime), made once beside the cache."""
-    env = cache_dir().parent / "pyspark-4.1.4"
+def spark_python(version: str = "4.1.4") -> Path:
+    """A Python with pyspark ``version`` (4.1 for Iceberg's Spark runtime, 3.5 for Hudi's),
+    made once beside the cache."""
+    env = cache_dir().parent / f"pyspark-{version}"
     python = env / "bin" / "python"
     if (env / ".complete").exists():
         return python
@@ -203,14 +214,14 @@ def spark_python() -> Path:
         shutil.rmtree(env, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, timeout=300)
         requirements = env / "requirements.txt"
-        requirements.write_text(SPARK_REQUIREMENTS)
+        requirements.write_text(SPARK_REQUIREMENTS[version])
         out = subprocess.run(
             [str(python), "-m", "pip", "install", "--quiet", "--require-hashes", "-r",
              str(requirements)],
             capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
         if out.returncode != 0:
-            raise Unavailable(f"cannot install pyspark 4.1.4: {out.stderr[-2000:]}")
+            raise Unavailable(f"cannot install pyspark {version}: {out.stderr[-2000:]}")
         (env / ".complete").touch()
     return python
 
@@ -282,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{a.group}:{a.name}:{a.version} {fetch(a)}")
     print(f"Trino {TRINO_VERSION}: {trino_home()} (JDK {java_home(24)})")
     print(f"pyspark 4.1.4 for Iceberg's Spark runtime: {spark_python()}")
+    print(f"pyspark 3.5.7 for Hudi's Spark bundle: {spark_python('3.5.7')}")
     print(
         f"Flink {FLINK_VERSION} with Iceberg's Flink runtime: {len(flink_classpath().split(':'))} jars"
     )

@@ -207,6 +207,29 @@ class DeltaAdapter(Adapter):
         return {"uri": 42}
 
 
+class HudiAdapter(Adapter):
+    """Hudi tables written by Spark with Hudi's own Spark bundle (inserts keyed by ``id``)."""
+
+    kind = "hudi"
+    needs = ("hudi_spark",)
+    table_type = "COPY_ON_WRITE"
+
+    def create(self, env, name):
+        return {"uri": str(env.tmp / f"hudi-{name}")}, {"instant": None}
+
+    def write(self, env, config, state, rows):
+        spark = env.services("hudi_spark")
+        return {"instant": spark.write(config["uri"], rows, table_type=self.table_type)}
+
+    def bad_config(self):
+        return {"uri": ["not", "a", "path"]}
+
+
+class HudiMergeOnReadAdapter(HudiAdapter):
+    name = "hudi-mor"
+    table_type = "MERGE_ON_READ"
+
+
 class PaimonAdapter(Adapter):
     """Append-only Paimon tables created and written by pypaimon itself."""
 
@@ -267,6 +290,8 @@ ADAPTERS: dict[str, Adapter] = {
         KafkaAdapter(),
         PostgresAdapter(),
         DeltaAdapter(),
+        HudiAdapter(),
+        HudiMergeOnReadAdapter(),
         PaimonAdapter(),
         JsonLinesAdapter(),
     )

@@ -29,7 +29,9 @@ Planned = list[tuple[int, str, ScanTask]]
 class _Delta:
     def __init__(self, svc: Pinning, end: TableSnapshot, since: int, shape: ReadShape) -> None:
         self.svc, self.end, self.since, self.shape = svc, end, since, shape
-        history = svc.catalog.history(end.table, limit=end.version - since)
+        # The commits since+1 .. end.version: a read at an older version must not take the
+        # newest commits of the table instead.
+        history = svc.catalog.history(end.table, limit=end.version - since, until=end.version)
         self.summaries: dict[int, Mapping[str, Any]] = {c.version: c.summary for c in history}
 
     def _request(self, snap: TableSnapshot, name: str) -> tuple[SourceKind, ScanRequest]:
