@@ -97,8 +97,9 @@ def _instant(source: str, state: Mapping[str, Any]) -> str | None:
 
 #: hudi-rs storage options naming a network endpoint; other network-like keys are refused.
 STORAGE_NETWORK = {
-    k: "uri" for k in ("aws_endpoint_url", "aws_endpoint", "endpoint", "endpoint_url",
-                       "azure_storage_endpoint")
+    **{k: "uri" for k in ("aws_endpoint_url", "aws_endpoint", "endpoint", "endpoint_url",
+                          "azure_storage_endpoint")},
+    "hoodie.base.path": "storage",  # would move the table elsewhere: checked like ``uri``
 }  # fmt: skip
 
 
@@ -165,11 +166,13 @@ def _load(source: SourceRef, config: HudiConfig, instant: str) -> _Pinned:
         raise Unavailable(
             f"source {source.name!r}: cannot read the Hudi table's schema: {e}"
         ) from e
+    if options.get("hoodie.bootstrap.base.path"):
+        # Its base files live under another path that hudi-rs would open unchecked.
+        raise InvalidArgument(f"source {source.name!r}: bootstrapped Hudi tables are not supported")
     dropped = options.get("hoodie.datasource.write.drop.partition.columns", "false") == "true"
-    bootstrap = bool(options.get("hoodie.bootstrap.base.path"))
     meta = options.get("hoodie.populate.meta.fields", "true") != "false"
     root = config.uri.rstrip("/")
-    return _Pinned(table, schema, parts, not dropped and not bootstrap, meta, root)
+    return _Pinned(table, schema, parts, not dropped, meta, root)
 
 
 def _read_options(instant: str, **extra: Any) -> Any:
@@ -370,7 +373,9 @@ class HudiKind(SourceKind):
         """One file slice merged by hudi-rs at the instant (base file and log files)."""
         cols = request.columns
         mapping = physical_names(cols, p.schema.names)
-        options = _read_options(instant)
+        # Hudi's meta columns are strings on every row: leave them undecoded unless needed.
+        wanted = sorted(set(mapping.values())) or p.schema.names[:1]
+        options = _read_options(instant, projection=[*wanted, *([COMMIT_TIME] if after else [])])
         prefix = f"{part}/" if part else ""
         try:
             reader = p.table.create_file_group_reader_with_options(options)

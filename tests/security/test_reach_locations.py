@@ -128,6 +128,30 @@ def test_delta_log_cannot_name_files_outside_reach(tmp_path: Path) -> None:
             assert "outside-secret-row" not in str(e.value)
 
 
+@pytest.mark.integration
+def test_hudi_partition_linked_outside_reach_is_refused(tmp_path: Path, hudi_spark: Any) -> None:
+    """A Hudi partition directory replaced by a symlink to a directory outside the reach: the
+    files its slices name resolve outside, so reads (and direct tasks) are refused."""
+    import shutil
+
+    uri = tmp_path / "data" / "hudi"
+    rows = pa.table({"id": [1, 2, 666], "v": ["x", "y", "outside-secret-row"]})
+    instant = hudi_spark.write(str(uri), rows, partition="v")
+    part = uri / "v=outside-secret-row"
+    moved = tmp_path / "other" / "part"
+    moved.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(part, moved)
+    part.symlink_to(moved)
+    with secure(tmp_path) as c:
+        c["admin"].create_table("t", SCHEMA)
+        c["admin"].add_source("t", "h", "hudi", config={"uri": str(uri), "direct": True},
+                              state={"instant": instant})  # fmt: skip
+        for kwargs in ({}, {"direct": True}):
+            with pytest.raises(Unauthorized, match="data file") as e:
+                c["reader"].read("t", **kwargs)
+            assert "outside-secret-row" not in str(e.value)
+
+
 def test_paimon_external_data_paths_outside_reach_are_refused(tmp_path: Path) -> None:
     from pypaimon import CatalogFactory, Schema
 
@@ -197,6 +221,7 @@ def _network_cases(url: str, host: str) -> list[tuple[str, dict[str, Any]]]:
         ("kafka", {**KAFKA, "bootstrap_servers": f"127.0.0.1:9,{host}"}),
         ("files", {"root": f"s3://bucket/lake?endpoint_override={host}&scheme=http"}),
         ("delta", {"uri": "s3://bucket/lake/d", "storage_options": {"AWS_ENDPOINT_URL": url}}),
+        ("hudi", {"uri": "s3://bucket/lake/h", "storage_options": {"AWS_ENDPOINT_URL": url}}),
         ("paimon", {"warehouse": "s3://bucket/lake/wh", "identifier": "db.t",
                     "catalog_options": {"fs.s3.endpoint": url}}),
         ("postgres", {"dsn": f"host=pg.example hostaddr=127.0.0.1 port={host.split(':')[1]}",
@@ -255,6 +280,7 @@ def test_the_listener_sees_requests_to_an_allowed_host(tmp_path: Path) -> None:
             },
         ),
         ("delta", {"uri": "s3://bucket/lake/d", "storage_options": {"proxy_url": "http://p"}}),
+        ("hudi", {"uri": "s3://bucket/lake/h", "storage_options": {"proxy_url": "http://p"}}),
         ("files", {"root": "s3://bucket/lake?tls_ca_file_path=/etc/passwd"}),
         ("files", {"root": "file:///srv/lake?x=1"}),
     ],

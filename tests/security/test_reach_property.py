@@ -47,6 +47,8 @@ def _configs(location: str, tree: Path) -> list[tuple[str, dict[str, Any]]]:
         ("iceberg", {"catalog": {"type": "sql", "uri": inside_db, "warehouse": location},
                      "identifier": "db.t"}),
         ("delta", {"uri": location}),
+        ("hudi", {"uri": location}),
+        ("hudi", {"uri": str(tree / "allowed"), "storage_options": {"hoodie.base.path": location}}),
         ("paimon", {"warehouse": location, "identifier": "db.t"}),
         ("ducklake", {"metadata": f"sqlite:{tree / 'allowed' / 'lake.db'}", "table": "t",
                       "data_path": location}),
