@@ -271,7 +271,8 @@ class DeltaKind(SourceKind):
             LaidFile(as_uri(p), int(size), int(n))
             for p, size, n in zip(paths, sizes, counts, strict=True)
         )
-        return FileLayout(files, physical)
+        others = frozenset(set(dataset.schema.names) - set(mapping.values()))
+        return FileLayout(files, physical, other_names=others)
 
     def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
         """Files added by the append versions between the two states that the pinned version

@@ -308,18 +308,21 @@ class FilesKind(SourceKind):
         fs, paths, uris = self._paths(request, files)
         laid: list[LaidFile] = []
         physical: dict[str, tuple[str, pa.DataType]] = {}
+        names: set[str] = set()
         for path, uri in zip(paths, uris, strict=True):
             footer = parquet_footer(fs, path)
             if footer is None:
                 return None
             size, rows, schema = footer
+            names.update(schema.names)
             mapping = physical_names(request.columns, schema.names)
             found = {c: (p, schema.field(p).type) for c, p in mapping.items()}
             if laid and not _agree(physical, found, request.columns):
                 return None  # files disagree on a column's name or type: one slice instead
             physical = physical or found
             laid.append(LaidFile(as_uri(uri), size, rows))
-        return FileLayout(tuple(laid), physical)
+        others = frozenset(names - {p for p, _ in physical.values()})
+        return FileLayout(tuple(laid), physical, other_names=others)
 
     def pieces(
         self, source: SourceRef, stored: Sequence[Mapping[str, Any]]

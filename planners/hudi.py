@@ -440,14 +440,16 @@ class HudiKind(SourceKind):
                 return None
             paths += files
         p = _open(src, self.parse_config(src), instant)
-        laid = []
+        laid, names = [], set()
         for path in paths:
             fs, local = filesystem(path)
             footer = parquet_footer(fs, local)
             if footer is None:
                 return None
-            size, rows, _ = footer
+            size, rows, schema = footer
             laid.append(LaidFile(as_uri(path), size, rows))
+            names.update(schema.names)
         mapping = physical_names(request.columns, p.schema.names)
         physical = {c: (n, p.schema.field(n).type) for c, n in mapping.items()}
-        return FileLayout(tuple(laid), physical)
+        others = frozenset(names - set(mapping.values()))
+        return FileLayout(tuple(laid), physical, other_names=others)

@@ -54,6 +54,7 @@ class FileLayout:
     there), for every harness column the files hold; a column missing here reads as NULL.
     ``deleted``: rows to leave out beyond the files' own delete files, as position deletes
     (``file_path``, ``pos``): e.g. Iceberg equality deletes resolved to the rows they match.
+    ``other_names``: see below.
     """
 
     files: tuple[LaidFile, ...]
@@ -63,6 +64,10 @@ class FileLayout:
     #: avoid them: a reader would take such a column for that one).
     file_ids: frozenset[int] = frozenset()
     deleted: pa.Table | None = None
+    #: Names of columns the files hold that are no harness column (files read by name): an
+    #: Iceberg reader must find every column of a file in the name mapping (pyiceberg refuses
+    #: a file with an unmapped one), so these are mapped to ids no column has.
+    other_names: frozenset[str] = frozenset()
 
 
 @runtime_checkable

@@ -220,3 +220,57 @@ def test_dropped_recreated_and_expired_versions_are_never_served(
         assert len(_slices(tmp_path / "rest")) == 2  # the latest version's pieces
         assert duckdb_rows(uri, "t", ["id"]) == [(7,), (8,)]
         client.close()
+
+
+def test_hudi_base_files_are_read_where_they_are(tmp_path: Path, hudi_spark: Any) -> None:
+    """A copy-on-write Hudi table is served as its base files in place; a merge-on-read one
+    whose deletes sit in log files is sliced (merged by hudi-rs once). Both read by pyiceberg
+    and DuckDB as Spark reads them."""
+    from flight_gateway.local.hudi import COW, MOR
+
+    data = pa.table({"id": list(range(10)), "region": ["e", "w"] * 5}, schema=ARROW)
+    gone = pa.table({"id": [3, 4], "region": ["w", "e"]}, schema=ARROW)
+    tables = {}
+    for name, table_type in (("cow", COW), ("mor", MOR)):
+        uri = str(tmp_path / name)
+        hudi_spark.write(uri, data, table_type=table_type)
+        tables[name] = (uri, hudi_spark.write(uri, gone, operation="delete", table_type=table_type))
+    with _gateway(tmp_path) as (server, _):
+        client = client_for(server)
+        rest = f"http://127.0.0.1:{server.rest.port}"
+        client.create_table("t", [{"name": "id", "type": "int64"}, {"name": "region", "type": "string"}])  # fmt: skip
+        uri, instant = tables["cow"]
+        v1 = client.add_source("t", "h", "hudi", config={"uri": uri}, state={"instant": instant})
+        want = rows(hudi_spark.read(uri, instant), COLS)
+        assert want == rows(client.read("t", version=v1), COLS)
+        _independent_reads(rest, client, v1)
+        assert _slices(tmp_path / "rest") == []  # nothing copied
+        uri, instant = tables["mor"]
+        v2 = client.commit("t", remove_sources=["h"], add_sources=[
+            {"name": "m", "kind": "hudi", "config": {"uri": uri}, "state": {"instant": instant}}
+        ])  # fmt: skip
+        assert rows(hudi_spark.read(uri, instant), COLS) == want
+        _independent_reads(rest, client, v2)
+        assert _slices(tmp_path / "rest") != []  # merged once, served as a slice
+        client.close()
+
+
+def test_file_columns_that_are_no_harness_column_are_skipped(tmp_path: Path) -> None:
+    """Files in place holding columns the harness table does not have (Parquet files, Delta):
+    pyiceberg refuses a file with a column its name mapping lacks, so the mapping names them."""
+    from deltalake import write_deltalake
+
+    wide = pa.table({"id": [1, 2], "region": ["f", "f"], "junk": [9.5, 9.5]})
+    write_parquet(tmp_path / "f" / "a.parquet", wide)
+    delta = str(tmp_path / "delta")
+    write_deltalake(delta, pa.table({"id": [20], "region": ["d"], "extra": ["x"]}))
+    with _gateway(tmp_path) as (server, _):
+        client = client_for(server)
+        client.create_table("t", [{"name": "id", "type": "int64"}, {"name": "region", "type": "string"}])  # fmt: skip
+        client.add_source("t", "f", "files", config={"root": str(tmp_path / "f")},
+                          state={"files": ["a.parquet"]})  # fmt: skip
+        v1 = client.add_source("t", "d", "delta", config={"uri": delta}, state={"version": 0})
+        assert rows(client.read("t"), COLS) == [(1, "f"), (2, "f"), (20, "d")]
+        _independent_reads(f"http://127.0.0.1:{server.rest.port}", client, v1)
+        assert _slices(tmp_path / "rest") == []
+        client.close()

@@ -51,6 +51,8 @@ class SourceFiles:
     data: tuple[LaidFile, ...]
     deletes: tuple[LaidFile, ...] = ()
     in_place: bool = False
+    #: Columns of the files in place that are no harness column (``FileLayout.other_names``).
+    other_names: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ class Layouts:
                     art = self._positions(snap, key, laid.deleted, slot)
                     deletes += tuple(_laid(f, POSITION_DELETES) for f in art.files)
                     used.append(art.key)
-                return SourceFiles(name, key, data, deletes, in_place=True), used
+                return SourceFiles(name, key, data, deletes, True, laid.other_names), used
             log.info("layout: %s/%s made a slice of: %s", snap.table, name, why)
         family = f"p-{identity[:24]}"
         states: Sequence[Mapping[str, Any]] = [ref.state]

@@ -17,6 +17,7 @@ manifest writers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from planners.layout import POSITION_DELETES, LaidFile
 
 SEQUENCE = 1
 SNAPSHOT_FAMILY = "snapshot"
+#: The first field id of the name mapping's file columns that are no harness column.
+OTHER_IDS = 1_000_000_000
 #: pyiceberg's manifest list record fields, in order (format v2).
 _MANIFEST_FIELDS = (
     "manifest_path", "manifest_length", "partition_spec_id", "content", "sequence_number",
@@ -67,6 +70,8 @@ class SnapshotInfo:
     manifest_list: str
     columns: list[list[Any]]  # [field_id, name, type, aliases]
     rows: int
+    #: Names of file columns that are no harness column (``FileLayout.other_names``).
+    other_names: list[str] = dataclasses.field(default_factory=list)
 
     def specs(self) -> tuple[ColumnSpec, ...]:
         return tuple(ColumnSpec(int(i), n, t, tuple(a)) for i, n, t, a in self.columns)
@@ -157,7 +162,7 @@ class MetadataWriter:
         from pyiceberg.io.pyarrow import PyArrowFileIO
         from pyiceberg.manifest import write_manifest_list
 
-        key = digest(layout.table_id, layout.version, [s.key for s in layout.sources], "snap")
+        key = digest(layout.table_id, layout.version, [s.key for s in layout.sources], "snap2")
         with self.store.making(key):
             hit = self.store.get(key)
             if hit is not None:
@@ -182,6 +187,7 @@ class MetadataWriter:
                 f"file://{final}",
                 [[c.field_id, c.name, c.type, list(c.aliases)] for c in layout.columns],
                 sum(f.record_count for s in layout.sources for f in s.data),
+                sorted({n for s in layout.sources for n in s.other_names}),
             )
             stored = StoredFile(str(final), final.stat().st_size, 0)
             self.store.put(key, layout.table_id, SNAPSHOT_FAMILY, [stored], info.__dict__)
@@ -249,6 +255,11 @@ def _table_metadata(
             if name not in names_seen:
                 names_seen.add(name)
                 mapping.setdefault(fid, []).append(name)
+    # File columns that are no harness column get ids of their own, far above any column's,
+    # that no schema projects: readers skip them.
+    others = sorted({n for info in infos for n in info.other_names} - names_seen)
+    for i, name in enumerate(others):
+        mapping[OTHER_IDS + i] = [name]
     snapshots, log = [], []
     parent = None
     for info in infos:
