@@ -30,7 +30,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,6 +206,26 @@ def _text(v: Any) -> str:
 def _log_instant(name: str) -> str | None:
     m = _LOG.match(name)
     return m.group("instant") if m else None
+
+
+def _coalesced(stream: Iterable[pa.RecordBatch], after: str | None) -> Iterator[pa.RecordBatch]:
+    """hudi-rs's merged stream in batches of about ``DEFAULT_BATCH_ROWS``: it yields 1,024
+    rows at a time, and each batch costs the same Python and Flight overhead whatever its size
+    (profiled: that overhead made a merged read 0.8x hudi-rs alone)."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in stream:
+        if after is not None:
+            batch = batch.filter(pc.greater(batch.column(COMMIT_TIME), after))
+        if not batch.num_rows:
+            continue
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= DEFAULT_BATCH_ROWS:
+            yield pa.concat_batches(pending)
+            pending, rows = [], 0
+    if pending:
+        yield pa.concat_batches(pending)
 
 
 def _newest_file(s: Sequence[Any]) -> str:
@@ -389,10 +409,7 @@ class HudiKind(SourceKind):
 
         def batches() -> Any:
             try:
-                for batch in stream:
-                    if after is not None:
-                        batch = batch.filter(pc.greater(batch.column(COMMIT_TIME), after))
-                    yield batch
+                yield from _coalesced(stream, after)
             except Exception as e:
                 raise Unavailable(
                     f"source {request.source.name!r}: hudi-rs failed reading a file slice: {e}"
