@@ -115,6 +115,9 @@ class _Pinned:
     #: Records carry ``_hoodie_commit_time`` (Hudi's default), which streaming reads need.
     meta_fields: bool
     root: str
+    #: Log file names carry the instant of the delta commit that wrote them (table version 8
+    #: and later); before, the instant of their file slice's base file.
+    logs_named_by_commit: bool = True
 
 
 _pinned: OrderedDict[str, _Pinned] = OrderedDict()
@@ -172,7 +175,9 @@ def _load(source: SourceRef, config: HudiConfig, instant: str) -> _Pinned:
     dropped = options.get("hoodie.datasource.write.drop.partition.columns", "false") == "true"
     meta = options.get("hoodie.populate.meta.fields", "true") != "false"
     root = config.uri.rstrip("/")
-    return _Pinned(table, schema, parts, not dropped, meta, root)
+    version = options.get("hoodie.table.version", "")
+    by_commit = not version.isdigit() or int(version) >= 8
+    return _Pinned(table, schema, parts, not dropped, meta, root, by_commit)
 
 
 def _read_options(instant: str, **extra: Any) -> Any:
@@ -228,12 +233,14 @@ def _coalesced(stream: Iterable[pa.RecordBatch], after: str | None) -> Iterator[
         yield pa.concat_batches(pending)
 
 
-def _newest_file(s: Sequence[Any]) -> str:
-    """The newest instant in a slice's file names ("9" when one cannot be parsed: read it)."""
+def _newest_file(s: Sequence[Any], logs_named_by_commit: bool) -> str:
+    """The newest instant in a slice's file names ("9..." when it cannot be known: read it).
+    Log files named by their base file's instant (table versions before 8) say nothing of when
+    they were written."""
     _, base, logs = s
     m = _BASE.match(base or "")
     found = [m.group("instant") if m else "9" * 20]
-    found += [_log_instant(n) or "9" * 20 for n in logs]
+    found += [(_log_instant(n) if logs_named_by_commit else None) or "9" * 20 for n in logs]
     return max(found)
 
 
@@ -272,8 +279,13 @@ class HudiKind(SourceKind):
             raise Unavailable(f"source {src.name!r}: hudi-rs cannot list file slices: {e}") from e
         items = []
         for s in slices:
-            # Log files written after the instant are not part of it (hudi-rs lists them).
-            logs = [n for n in s.log_file_names if (_log_instant(n) or "0") <= instant]
+            # Log files written after the instant are not part of it (hudi-rs lists them; the
+            # reader leaves their blocks out too, since it reads as of the instant).
+            logs = [
+                n
+                for n in s.log_file_names
+                if not p.logs_named_by_commit or (_log_instant(n) or "0") <= instant
+            ]
             items.append(([s.partition_path, s.base_file_name, logs], int(s.total_size_bytes())))
         request.check_task_count(len(items))
         request.check_files(
@@ -302,7 +314,8 @@ class HudiKind(SourceKind):
         since = _instant(src.name, before) if before else None
         if until is None or until == since:
             return []
-        if not _open(src, self.parse_config(src), until).meta_fields:
+        p = _open(src, self.parse_config(src), until)
+        if not p.meta_fields:
             raise InvalidArgument(
                 f"source {src.name!r}: the Hudi table does not populate meta fields "
                 "(hoodie.populate.meta.fields=false), so it has no commit times to stream by"
@@ -310,7 +323,9 @@ class HudiKind(SourceKind):
         after = since or "0"
         tasks = []
         for t in self.plan(request):
-            fresh = [s for s in t.payload["slices"] if _newest_file(s) > after]
+            fresh = [
+                s for s in t.payload["slices"] if _newest_file(s, p.logs_named_by_commit) > after
+            ]
             if fresh:
                 tasks.append(
                     ScanTask(t.source, {**t.payload, "slices": fresh, "after": after}, True)
