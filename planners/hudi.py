@@ -27,6 +27,7 @@ file slices hudi-rs's incremental query lists: inserts once each; an upserted re
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections import OrderedDict
@@ -67,6 +68,7 @@ from planners.layout import FileLayout, LaidFile, as_uri, parquet_footer
 from planners.predicates import conjuncts, nan_safe, to_arrow
 from planners.predicates.ast import Cmp, In
 
+log = logging.getLogger(__name__)
 _INSTANT = re.compile(r"^\d{8,20}$")
 #: A log file's name: ``.<file id>_<instant>.log.<version>_<write token>``.
 _LOG = re.compile(r"^\.(?P<file_id>.+)_(?P<instant>\d+)\.log\.\d+(_.*)?$")
@@ -270,13 +272,20 @@ class HudiKind(SourceKind):
         assert instant is not None
         p = _open(src, self.parse_config(src), instant)
         mapping = physical_names(request.columns, p.schema.names)
+        slices = None
         filters = hudi_filters(request, mapping)
         if filters:
-            options = options.with_filters(filters)
-        try:
-            slices = p.table.get_file_slices(options)
-        except Exception as e:
-            raise Unavailable(f"source {src.name!r}: hudi-rs cannot list file slices: {e}") from e
+            try:
+                slices = p.table.get_file_slices(options.with_filters(filters))
+            except Exception as e:  # pruning is optional: a filter hudi-rs cannot use is not
+                log.info("source %r: hudi-rs cannot prune with %s: %s", src.name, filters, e)
+        if slices is None:
+            try:
+                slices = p.table.get_file_slices(options)
+            except Exception as e:
+                raise Unavailable(
+                    f"source {src.name!r}: hudi-rs cannot list file slices: {e}"
+                ) from e
         items = []
         for s in slices:
             # Log files written after the instant are not part of it (hudi-rs lists them; the
