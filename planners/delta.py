@@ -81,16 +81,7 @@ def _version(source: str, state: Mapping[str, Any]) -> int | None:
 
 
 #: delta-rs object-store options naming a network endpoint; other network-like keys are refused.
-STORAGE_NETWORK = {
-    k: "uri"
-    for k in (
-        "aws_endpoint_url",
-        "aws_endpoint",
-        "endpoint",
-        "endpoint_url",
-        "azure_storage_endpoint",
-    )
-}
+STORAGE_NETWORK = locations.OBJECT_STORE_ENDPOINTS
 
 
 def file_locations(table: Any, paths: Sequence[str]) -> list[str]:

@@ -47,10 +47,10 @@ from planners.common import (
     chain_readers,
     conform,
     filesystem,
-    floating_columns,
     group_by_size,
     physical_names,
     pushdown,
+    scan_dataset,
     target_schema,
 )
 from planners.kind import (
@@ -65,7 +65,7 @@ from planners.kind import (
     parquet_engine_scan,
 )
 from planners.layout import FileLayout, LaidFile, as_uri, parquet_footer
-from planners.predicates import conjuncts, nan_safe, to_arrow
+from planners.predicates import conjuncts
 from planners.predicates.ast import Cmp, In
 
 log = logging.getLogger(__name__)
@@ -99,10 +99,9 @@ def _instant(source: str, state: Mapping[str, Any]) -> str | None:
 
 #: hudi-rs storage options naming a network endpoint; other network-like keys are refused.
 STORAGE_NETWORK = {
-    **{k: "uri" for k in ("aws_endpoint_url", "aws_endpoint", "endpoint", "endpoint_url",
-                          "azure_storage_endpoint")},
+    **locations.OBJECT_STORE_ENDPOINTS,
     "hoodie.base.path": "storage",  # would move the table elsewhere: checked like ``uri``
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,6 @@ class _Pinned:
 
     table: Any  # hudi.HudiTable
     schema: pa.Schema  # the data columns, without Hudi's meta columns
-    partition_columns: tuple[str, ...]
     #: Partition columns are stored in the base files (Hudi's default): files are whole rows.
     files_hold_partitions: bool
     #: Records carry ``_hoodie_commit_time`` (Hudi's default), which streaming reads need.
@@ -166,7 +164,6 @@ def _load(source: SourceRef, config: HudiConfig, instant: str) -> _Pinned:
     try:
         options = table.hudi_options()
         schema = pa.schema(table.get_schema())
-        parts = tuple(table.get_partition_schema().names)
     except Exception as e:
         raise Unavailable(
             f"source {source.name!r}: cannot read the Hudi table's schema: {e}"
@@ -179,7 +176,7 @@ def _load(source: SourceRef, config: HudiConfig, instant: str) -> _Pinned:
     root = config.uri.rstrip("/")
     version = options.get("hoodie.table.version", "")
     by_commit = not version.isdigit() or int(version) >= 8
-    return _Pinned(table, schema, parts, not dropped, meta, root, by_commit)
+    return _Pinned(table, schema, not dropped, meta, root, by_commit)
 
 
 def _read_options(instant: str, **extra: Any) -> Any:
@@ -195,19 +192,15 @@ def hudi_filters(request: ScanRequest, mapping: Mapping[str, str]) -> list[tuple
     out: list[tuple[str, str, str]] = []
     for c in conjuncts(pred) if pred is not None else ():
         if isinstance(c, Cmp) and c.op in _OPS and _literal(c.value):
-            out.append((c.column, _OPS[c.op], _text(c.value)))
+            out.append((c.column, _OPS[c.op], str(c.value)))
         elif isinstance(c, In) and c.values and all(_literal(v) for v in c.values):
-            out.append((c.column, "IN", ",".join(_text(v) for v in c.values)))
+            out.append((c.column, "IN", ",".join(str(v) for v in c.values)))
     return out
 
 
 def _literal(v: Any) -> bool:
     # Strings with a comma cannot be told apart in hudi-rs's IN lists; floats may be NaN.
     return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and "," not in v)
-
-
-def _text(v: Any) -> str:
-    return str(v)
 
 
 def _log_instant(name: str) -> str | None:
@@ -371,38 +364,20 @@ class HudiKind(SourceKind):
         self, request: ScanRequest, p: _Pinned, slices: Sequence[tuple], after: str | None
     ) -> pa.RecordBatchReader:
         """Base Parquet files without log files: whole file groups at the instant."""
-        cols = request.columns
         paths = [f for part, base, _ in slices for f in _slice_files(p, part, base, ())]
         fs, _ = filesystem(paths[0])
+        schema = p.schema.append(pa.field(COMMIT_TIME, pa.string()))
         try:
             data = ds.dataset(
-                [filesystem(f)[1] for f in paths], schema=p.schema.append(
-                    pa.field(COMMIT_TIME, pa.string())
-                ), format="parquet", filesystem=fs,
-            )  # fmt: skip
+                [filesystem(f)[1] for f in paths], schema=schema, format="parquet", filesystem=fs
+            )
         except (FileNotFoundError, OSError) as e:
             raise Unavailable(
                 f"source {request.source.name!r}: a base file is gone (cleaned by Hudi?): {e}"
             ) from e
-        mapping = physical_names(cols, p.schema.names)
-        pred = pushdown(request, mapping)
-        exact = pred is not None
-        if pred is not None:  # row-group statistics leave NaN out (see nan_safe)
-            pred, exact = nan_safe(pred, floating_columns(p.schema))
-        expr = to_arrow(pred, data.schema) if pred is not None else None
         if after is not None:
-            newer = ds.field(COMMIT_TIME) > after
-            expr = newer if expr is None else expr & newer
-        scanner = data.scanner(
-            columns=sorted(set(mapping.values())) or p.schema.names[:1],
-            filter=expr,
-            batch_size=DEFAULT_BATCH_ROWS,
-            use_threads=True,
-        )
-        out = conform(scanner.to_reader(), cols, mapping)
-        if request.predicate is not None and not exact:
-            out = apply_residual(out, request.predicate)
-        return out
+            data = data.filter(ds.field(COMMIT_TIME) > after)
+        return scan_dataset(request, data)
 
     def _read_merged(
         self,

@@ -279,6 +279,19 @@ def files(key: str, paths: Iterable[str]) -> list[Reach]:
 
 # ---------------------------------------------------------------------------- option maps
 
+#: Options of the Rust ``object_store`` crate (delta-rs, hudi-rs) naming a network endpoint,
+#: checked as service URIs (``network_options``).
+OBJECT_STORE_ENDPOINTS = {
+    k: "uri"
+    for k in (
+        "aws_endpoint_url",
+        "aws_endpoint",
+        "endpoint",
+        "endpoint_url",
+        "azure_storage_endpoint",
+    )
+}
+
 
 def looks_like_network(key: str) -> bool:
     return bool(_NETWORK_KEY.search(key))

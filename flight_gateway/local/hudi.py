@@ -9,6 +9,7 @@ about one: a session's tables share it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import subprocess
@@ -50,7 +51,7 @@ class HudiSpark:
             text=True, env=env, cwd=self._scratch.name,
         )  # fmt: skip
         self._lock = threading.Lock()
-        self._n = 0
+        self._ids = itertools.count(1)  # next() is atomic: callers may be on any thread
         self._answer(startup_s)
 
     def _answer(self, timeout_s: float) -> dict[str, Any]:
@@ -90,8 +91,7 @@ class HudiSpark:
             return self._answer(timeout_s)
 
     def _staged(self, rows: pa.Table) -> str:
-        self._n += 1
-        path = str(Path(self._scratch.name) / f"rows-{self._n}.parquet")
+        path = str(Path(self._scratch.name) / f"rows-{next(self._ids)}.parquet")
         pq.write_table(rows, path)
         return path
 
@@ -119,8 +119,7 @@ class HudiSpark:
     def read(self, path: str, instant: str | None = None) -> pa.Table:
         """Spark's own snapshot read of the table at ``instant`` (None: the latest), without
         Hudi's meta columns."""
-        self._n += 1
-        out = str(Path(self._scratch.name) / f"read-{self._n}")
+        out = str(Path(self._scratch.name) / f"read-{next(self._ids)}")
         self._request({"op": "read", "path": path, "instant": instant, "out": out})
         return pq.read_table(out)
 

@@ -91,9 +91,15 @@ def read(spark: SparkSession, req: dict) -> dict:
     return {"rows": df.count()}
 
 
+def _send(answer: dict) -> None:
+    """One answer line on stdout: the protocol's channel, not a log."""
+    sys.stdout.write(MARK + json.dumps(answer) + "\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
     spark = _spark(sys.argv[1])
-    print(MARK + json.dumps({"ready": True}), flush=True)
+    _send({"ready": True})
     ops = {"write": write, "read": read}
     for line in sys.stdin:
         if not line.strip():
@@ -103,7 +109,7 @@ def main() -> None:
             answer = ops[req["op"]](spark, req)
         except Exception as e:  # the caller gets the error; the worker stays up
             answer = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-4000:]}
-        print(MARK + json.dumps(answer), flush=True)
+        _send(answer)
     spark.stop()
 
 
