@@ -193,7 +193,11 @@ def _latency(server: HarnessFlightServer, client: HarnessClient, root: Path, n: 
          "value": floor[0], "unit": "s", "p50_ms": round(floor[0] * 1e3, 2),
          "p99_ms": round(floor[1] * 1e3, 2)},
     ]  # fmt: skip
-    for name, cache in (("types", server.sql.types), ("relations", server.sql.relations)):
+    for name, cache in (
+        ("types", server.sql.types),
+        ("relations", server.sql.relations),
+        ("rewritten", server.sql.rewritten),
+    ):
         st = cache.stats()
         total = st["hits"] + st["misses"]
         rows.append({"case": f"Flight SQL {name} cache hit rate (whole run)",

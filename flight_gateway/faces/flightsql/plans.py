@@ -7,8 +7,11 @@
   lists with their column mappings, PostgreSQL queries, streams opened lazily), keyed by table
   id, version, the columns the statement uses and the filter that pruned it. Permissions are
   whole tables (checked before either cache is asked), so what a caller may read is the table.
+- ``rewritten``: a statement as its worker runs it (its tables replaced by the views of its
+  relations) after DuckDB's own parse checked it, keyed by the handle's SQL and which view each
+  table reference reads. A function of those two alone: no table state enters it.
 
-Both are bounded LRUs (entries; relations also by the files they list) and count hits and
+All are bounded LRUs (entries; relations also by the files they list) and count hits and
 misses (``harness_sql_cache``).
 """
 

@@ -76,6 +76,7 @@ class Result:
 
 @dataclass(frozen=True)
 class Statement:
+    sql: str  # the handle's SQL, as the gateway wrote it
     tree: Any
     refs: list[query.TableRef]
     relation_of: list[int]  # reference -> relation
@@ -105,6 +106,7 @@ class FlightSqlService:
         self.handles = HandleSealer(key, ttl_s)
         self.running = cancels.Running(ttl_s)
         self.types: plans.Lru[pa.Schema] = plans.Lru("types", 4096, 4096)
+        self.rewritten: plans.Lru[str] = plans.Lru("rewritten", 4096, 4096)
         self.relations: plans.Lru[relations.TableRelation] = plans.Lru(
             "relations", 1024, 500_000, weigh=_files_listed
         )
@@ -197,7 +199,7 @@ class FlightSqlService:
             again.append(len(members) > 1 or query.reads_more_than_once(tree))
             for i in members:
                 relation_of[i] = n
-        return Statement(tree, refs, relation_of, again), rels
+        return Statement(handle["sql"], tree, refs, relation_of, again), rels
 
     def _planned(self, snap: Any, cols: list[str], flt: str | None) -> relations.TableRelation:
         """``cols`` of ``snap`` planned, once per pinned version (``plans``)."""
@@ -236,9 +238,15 @@ class FlightSqlService:
         )
 
     def _sql(self, stmt: Statement) -> str:
-        sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
-        query.check_duckdb_functions(sql)
-        return sql
+        """The statement as its worker runs it, checked (``plans``: the same handle SQL over
+        the same grouping of references is rewritten and checked once)."""
+
+        def checked() -> str:
+            sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
+            query.check_duckdb_functions(sql)
+            return sql
+
+        return self.rewritten.get((stmt.sql, tuple(stmt.relation_of)), checked)
 
     def schema_of(self, handle: dict[str, Any], who: Principal) -> pa.Schema:
         """The result schema: the statement over empty relations of the pinned columns (nothing

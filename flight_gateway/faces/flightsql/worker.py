@@ -36,8 +36,12 @@ MAX_FDS = 256
 #: Buffer of the files over the result and stream pipes (Python reads of a pipe return what
 #: is there; Arrow's IPC reader needs whole messages, which buffered reads assemble).
 PIPE_BUFFER = 1 << 20
-#: A spare connection (its PostgreSQL servers attached: about 80 ms each) is kept this long.
+#: A spare database (its PostgreSQL servers attached: about 80 ms each) is kept this long.
 SPARE_IDLE_S = 60.0
+#: Spare databases a worker keeps ready.
+SPARES = 2
+#: A statement that took less than this has its database closed after its answer.
+QUICK_S = 0.05
 
 
 # --- framing (both sides) ----------------------------------------------------------------------
@@ -98,20 +102,30 @@ class Worker:
         self.duckdb = duckdb
         self.sock = sock
         self.limits = limits
-        self.spare: tuple[tuple[str, ...], float, Any] | None = None
+        #: Databases made ahead for the next statements, all for the servers ``spare_key``.
+        self.spares: list[tuple[float, Any]] = []
+        self.spare_key: tuple[str, ...] = ()
         self._spare_lock = threading.Lock()
+        self._refilling = False
 
     def connect(self, dsns: Sequence[str]) -> Any:
         """A fresh DuckDB database with the statement limits and ``dsns`` attached read-only as
-        ``__pg_<i>`` (the spare one made after the last statement, when it fits)."""
-        key = tuple(dsns)
+        ``__pg_<i>`` (one made ahead, when one fits)."""
+        key, now = tuple(dsns), time.monotonic()
+        stale: list[Any] = []
+        con = None
         with self._spare_lock:
-            spare, self.spare = self.spare, None
-        if spare is not None:
-            if spare[0] == key and time.monotonic() - spare[1] < SPARE_IDLE_S:
-                return spare[2]
-            spare[2].close()
-        return self._new(key)
+            if key != self.spare_key:
+                stale, self.spares = [c for _, c in self.spares], []
+            while self.spares and con is None:
+                made, c = self.spares.pop()
+                if now - made < SPARE_IDLE_S:
+                    con = c
+                else:
+                    stale.append(c)
+        for c in stale:
+            c.close()
+        return con if con is not None else self._new(key)
 
     def _new(self, dsns: Sequence[str]) -> Any:
         limits = self.limits
@@ -136,27 +150,57 @@ class Worker:
             raise
         return con
 
-    def _make_spare(self, dsns: tuple[str, ...]) -> None:
-        try:
-            con = self._new(dsns)
-        except Exception:  # the next statement reports it when it needs the servers
-            return
+    def after(self, dsns: tuple[str, ...], used: list[Any]) -> None:
+        """Off the statement's path, once its answer is sent: close what it used, and make
+        databases for the next statements (opening one costs ~15 ms, most of a tiny
+        statement's time in the worker; attaching servers more). Two are kept, so a statement
+        that arrives while the next one is being made does not wait for it."""
+        threading.Thread(target=self._refill, args=(dsns, used), daemon=True).start()
+
+    def _refill(self, dsns: tuple[str, ...], used: list[Any]) -> None:
+        _close_all(used)
         with self._spare_lock:
-            old, self.spare = self.spare, (dsns, time.monotonic(), con)
-        if old is not None:
-            old[2].close()
+            if self._refilling:
+                return
+            self._refilling = True
+            if dsns != self.spare_key:
+                stale, self.spares, self.spare_key = self.spares, [], dsns
+            else:
+                stale = []
+        try:
+            for _, c in stale:
+                c.close()
+            while True:
+                with self._spare_lock:
+                    if len(self.spares) >= SPARES or self.spare_key != dsns:
+                        return
+                try:
+                    con = self._new(dsns)
+                except Exception:  # the next statement reports it when it needs the servers
+                    return
+                with self._spare_lock:
+                    if self.spare_key == dsns:
+                        self.spares.insert(0, (time.monotonic(), con))
+                        con = None
+                if con is not None:
+                    con.close()
+        finally:
+            with self._spare_lock:
+                self._refilling = False
 
     # ------------------------------------------------------------------ one statement
 
-    def run(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    def run(self, request: dict[str, Any], fds: list[int], used: list[Any]) -> dict[str, Any]:
+        """Run one statement; its database is left in ``used`` for ``after`` to close. The
+        stream pipes are closed here, before the answer: a feeder still writing stops at once."""
         op = request["op"]
         result_fd = fds.pop(0) if op == "run" else None
         interrupt_fd = fds.pop(0)
-        con = None
         opened: list[Any] = []  # files over the stream pipes (they own those descriptors)
         finished = threading.Event()
         try:
             con = self.connect(request.get("dsns") or [])
+            used.append(con)
             threading.Thread(target=_watch, args=(interrupt_fd, con, finished), daemon=True).start()
             interrupt_fd = -1  # the watcher closes it
             try:
@@ -176,26 +220,40 @@ class Worker:
             for left in [result_fd, interrupt_fd, *fds]:
                 if left is not None and left >= 0:
                     _close_fd(left)
-            if con is not None:
-                con.close()
             for f in opened:
                 with contextlib.suppress(OSError):
                     f.close()
-            # The next statement's database made now, off its path: opening one costs ~15 ms
-            # (most of a tiny statement's time in the worker), attaching servers more.
-            threading.Thread(
-                target=self._make_spare, args=(tuple(request.get("dsns") or ()),), daemon=True
-            ).start()
 
     def serve(self) -> None:
-        self._make_spare(())
+        self.after((), [])
         while True:
             request, fds = receive(self.sock)
             if request is None or request.get("op") == "exit":
                 return
-            answer = self.run(request, fds)
+            used: list[Any] = []
+            started = time.monotonic()
+            answer = self.run(request, fds, used)
+            if not _quick(request, time.monotonic() - started):
+                _close_all(used)  # what it holds is freed before the size the answer reports
             answer.update(_status())
             send(self.sock, answer)
+            self.after(tuple(request.get("dsns") or ()), used)
+
+
+def _quick(request: dict[str, Any], took_s: float) -> bool:
+    """Whether a statement's database may be closed after its answer is sent (closing costs
+    ~2 ms): a short statement without temporary tables. A larger one's memory is freed first,
+    so that the worker's size in its answer (the gateway recycles a worker that grew) and the
+    next statement's memory bound do not count it."""
+    materialized = any(step.get("materialize") for step in request.get("steps", []))
+    return took_s < QUICK_S and not materialized
+
+
+def _close_all(things: list[Any]) -> None:
+    for thing in things:
+        with contextlib.suppress(Exception):
+            thing.close()
+    things.clear()
 
 
 def _setup(con: Any, request: dict[str, Any], fds: list[int], opened: list[Any]) -> None:
