@@ -194,3 +194,39 @@ def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+def test_a_dead_gateways_leases_are_freed_at_once(
+    pg_catalog: str, tmp_path: Path, pg_dsn: str
+) -> None:
+    """The gateway holding a DoPut's lease (60 s here, far longer than the test waits) is
+    killed: its lease watcher deletes the lease within seconds, and a writer of the same source
+    through another replica goes on without waiting for the lease to run out."""
+    holder = GatewayProcess(pg_catalog, tmp_path, limits={"write_lease_s": 60})
+    other = GatewayProcess(pg_catalog, tmp_path)
+    holder.start()
+    other.start()
+    cat = Catalog(pg_catalog)
+    try:
+        with HarnessClient(other.uri) as client:
+            make_table(client, tmp_path, pg_dsn)
+        data = rows("postgres", 0, 400_000)
+        first = threading.Thread(
+            target=lambda: put_until_acknowledged_once(holder.uri, data), daemon=True
+        )
+        first.start()
+        wait_for(lambda: any(lk.granted for lk in cat.list_locks("t")), 60)
+        killed = time.monotonic()
+        holder.kill()
+        wait_for(lambda: not any(lk.granted for lk in cat.list_locks("t")), 5)
+        freed_s = time.monotonic() - killed
+        put_until_acknowledged(other.uri, "postgres", rows("postgres", 10**6, 10), "other")
+        put_until_acknowledged(other.uri, "postgres", data, "big")
+        first.join(30)
+        ids = read_ids(other.uri)
+    finally:
+        cat.close()
+        holder.stop()
+        other.stop()
+    assert freed_s < 5
+    assert len(ids) == len(set(ids)) == 400_010

@@ -6,7 +6,8 @@ same sources wait for it after a gateway died mid-write (minutes); a short one r
 third of its length frees them within ``write_lease_s`` of the death, while a live writer keeps
 its lock for as long as the work takes. Fencing covers the rest: a holder that lost its lease
 (a stall longer than the lease) fails its commit with ``LockExpired`` instead of writing over
-whoever took the lock next.
+whoever took the lock next. A process that dies does not even wait for that: its lease watcher
+(``catalog.locks.watch``) deletes the leases it held as soon as the process is gone.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from flight_gateway.catalog import Catalog
+from flight_gateway.catalog.locks.watch import WATCH
 from flight_gateway.catalog.model import LockGrant
 from flight_gateway.core import tracing
 from flight_gateway.protocol.errors import LockExpired
@@ -54,6 +56,7 @@ def leased(
     """Hold a lock on ``sources`` for the block, renewing it; released at the end."""
     with tracing.span("lock.wait", table=table, sources=",".join(sources)):
         grant = catalog.lock(table, sources, owner=owner, ttl_s=ttl_s, wait_s=wait_s)
+    WATCH.hold(catalog.url, grant.lock_id)  # freed at once if this process dies
     renewer = _Renewer(catalog, grant.lock_id, ttl_s)
     renewer.start()
     try:
@@ -62,3 +65,4 @@ def leased(
         renewer.stop.set()
         renewer.join()
         catalog.unlock(grant.lock_id)
+        WATCH.release(grant.lock_id)
