@@ -129,9 +129,10 @@ class Catalog:
     def current_version(self, name: str) -> int:
         return queries.current_version(self.engine, name)
 
-    def head(self, name: str) -> TableHead:
-        """The table's id and the versions it keeps (one primary-key lookup)."""
-        return queries.head(self._fast or self.engine, name)
+    def head(self, name: str, as_of: float | None = None) -> TableHead:
+        """The table's id and the versions it keeps (one primary-key lookup); with ``as_of``
+        also the version current then (``version_at``)."""
+        return queries.head(self._fast or self.engine, name, as_of)
 
     def history(
         self, name: str, limit: int | None = None, until: int | None = None

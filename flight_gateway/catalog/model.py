@@ -98,6 +98,8 @@ class TableHead:
     table_id: int
     current_version: int
     min_version: int
+    #: The version current at the ``as_of`` the head was asked for (None: none was given).
+    version_at: int | None = None
 
 
 @dataclass(frozen=True)

@@ -132,10 +132,11 @@ def find_commit(engine: Engine, name: str, commit_id: str) -> int | None:
         return None if v is None else int(v)
 
 
-def head(engine: Engine, name: str) -> TableHead:
+def head(engine: Engine, name: str, as_of: float | None = None) -> TableHead:
     with read_tx(engine) as conn:
         t = table_row(conn, name)
-        return TableHead(int(t.id), int(t.current_version), int(t.min_version))
+        at = None if as_of is None else resolve_version(conn, t, None, as_of)
+        return TableHead(int(t.id), int(t.current_version), int(t.min_version), at)
 
 
 def current_version(engine: Engine, name: str) -> int:

@@ -79,3 +79,46 @@ def test_a_new_version_is_planned_again(gateway: tuple[Any, Any, str], pg_dsn: s
     client.commit("t", updates=[{"source": "pg", "state": {"as_of": as_of}}])
     assert _rows(client.uri, sql) == [(502,)]
     assert server.sql.relations.stats()["misses"] == 2  # one plan per version
+
+
+def test_a_statement_over_several_tables_pins_them_from_the_cached_descriptions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tables named together are pinned at one moment of the catalog's clock; that moment's
+    version comes with the table's head, so a repeated statement reads no description again,
+    and a commit in between is seen by the next statement (the pin moves, the rows with it)."""
+    import duckdb
+
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}") as (server, _):
+        client = client_for(server)
+        for t in ("a", "b"):
+            (tmp_path / t).mkdir()
+            duckdb.connect().execute(
+                f"COPY (SELECT i::BIGINT AS id, 'r' AS region FROM range(10) t(i)) "
+                f"TO '{tmp_path / t / '0.parquet'}'"
+            )
+            client.create_table(t, COLUMNS)
+            client.add_source(t, "f", "files", config={"root": str(tmp_path / t)},
+                              state={"files": ["0.parquet"]})  # fmt: skip
+        sql = "SELECT count(*) FROM a JOIN b ON a.id = b.id"
+        assert _rows(client.uri, sql) == [(10,)]
+        described: list[tuple[str, Any]] = []
+        catalog = server.core.catalog
+        real = catalog.describe
+
+        def counted(name: str, version: Any = None, as_of: Any = None) -> Any:
+            described.append((name, version))
+            return real(name, version, as_of)
+
+        monkeypatch.setattr(catalog, "describe", counted)
+        assert _rows(client.uri, sql) == [(10,)]
+        assert described == []
+        duckdb.connect().execute(
+            f"COPY (SELECT i::BIGINT AS id, 'r' AS region FROM range(10, 15) t(i)) "
+            f"TO '{tmp_path / 'b' / '1.parquet'}'"
+        )
+        client.commit("b",
+                      updates=[{"source": "f", "state": {"files": ["0.parquet", "1.parquet"]}}])  # fmt: skip
+        assert _rows(client.uri, "SELECT count(*) FROM a, b") == [(150,)]
+        assert ("b", client.describe("b").version) in described
+        client.close()

@@ -23,7 +23,7 @@ from flight_gateway.core.read.shape import arrow_schema, resolve
 from flight_gateway.core.sources import bind, scan_request
 from flight_gateway.protocol import ReadRequest, TicketPayload, TicketSigner
 from flight_gateway.protocol.direct import DirectSigner
-from flight_gateway.protocol.errors import HarnessError, NotFound, Unauthorized
+from flight_gateway.protocol.errors import HarnessError, InvalidArgument, NotFound, Unauthorized
 from planners.execute import execute
 from planners.kind import ScanTask
 
@@ -56,12 +56,16 @@ class ReadService:
         """``table`` at ``version`` (None: the latest, or the one current at ``as_of``);
         ``table_id``: the incarnation a ticket or handle was issued for (NOT_FOUND when the
         name now holds another, or none)."""
-        head = self.catalog.head(table)
+        if version is not None and as_of is not None:
+            raise InvalidArgument("give either version or as_of, not both")
+        head = self.catalog.head(table, as_of)
         if table_id is not None and head.table_id != table_id:
             raise NotFound(
                 f"table {table!r} was dropped (and perhaps created again) since this was issued"
             )
-        if version is None and as_of is None:
+        if as_of is not None:  # resolved by the head's query: the cached description serves
+            version, as_of = head.version_at, None
+        elif version is None:
             version = head.current_version
         if version is not None:
             if version < head.min_version:
