@@ -196,6 +196,8 @@ def _latency(server: HarnessFlightServer, client: HarnessClient, root: Path, n: 
     for name, cache in (
         ("types", server.sql.types),
         ("relations", server.sql.relations),
+        ("parsed", server.sql.parsed),
+        ("prepared", server.sql.prepared),
         ("rewritten", server.sql.rewritten),
     ):
         st = cache.stats()

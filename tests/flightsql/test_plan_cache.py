@@ -122,3 +122,29 @@ def test_a_statement_over_several_tables_pins_them_from_the_cached_descriptions(
         assert _rows(client.uri, "SELECT count(*) FROM a, b") == [(150,)]
         assert ("b", client.describe("b").version) in described
         client.close()
+
+
+def test_a_repeated_statement_is_parsed_and_prepared_once(tmp_path: Path) -> None:
+    """The second run of a statement finds its parse and its per-reference columns and filters
+    cached (``parsed``, ``prepared``), with the same rows."""
+    import duckdb
+
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}") as (server, _):
+        client = client_for(server)
+        duckdb.connect().execute(
+            f"COPY (SELECT i::BIGINT AS id, 'r' || (i % 3) AS region FROM range(30) t(i)) "
+            f"TO '{tmp_path / '0.parquet'}'"
+        )
+        client.create_table("t", COLUMNS)
+        client.add_source("t", "f", "files", config={"root": str(tmp_path)},
+                          state={"files": ["0.parquet"]})  # fmt: skip
+        sql = "SELECT region, count(*) FROM t WHERE id > 5 GROUP BY region"
+        sql_service = server.sql
+        first = _rows(client.uri, sql)
+        before = {n: getattr(sql_service, n).stats() for n in ("parsed", "prepared")}
+        assert _rows(client.uri, sql) == first == [("r0", 8), ("r1", 8), ("r2", 8)]
+        after = {n: getattr(sql_service, n).stats() for n in ("parsed", "prepared")}
+        for name in ("parsed", "prepared"):
+            assert after[name]["hits"] > before[name]["hits"], name
+            assert after[name]["misses"] == before[name]["misses"], name
+        client.close()

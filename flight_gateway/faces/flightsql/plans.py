@@ -7,6 +7,12 @@
   lists with their column mappings, PostgreSQL queries, streams opened lazily), keyed by table
   id, version, the columns the statement uses and the filter that pruned it. Permissions are
   whole tables (checked before either cache is asked), so what a caller may read is the table.
+- ``parsed``: a statement's text without parameters, parsed: the SQL its handle carries and
+  the tables it names (with their ``FOR VERSION``/``TIMESTAMP AS OF`` pins). Permissions and
+  pins are still checked and taken for every statement.
+- ``prepared``: a handle's statement parsed again with the columns and filters each table
+  reference needs, keyed by the handle's SQL, pinned versions, table ids and schema ids (all a
+  function of those: no row enters it). Shared read-only by the statements that hit it.
 - ``rewritten``: a statement as its worker runs it (its tables replaced by the views of its
   relations) after DuckDB's own parse checked it, keyed by the handle's SQL and which view each
   table reference reads. A function of those two alone: no table state enters it.
@@ -61,6 +67,30 @@ class Lru(Generic[V]):
                     self._weight -= w
         SQL_CACHE.labels(self.name, "miss").inc()
         return value
+
+    def peek(self, key: Hashable) -> V | None:
+        """The value of ``key`` if cached (counted as a hit or a miss); see ``add``."""
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+            else:
+                self.misses += 1
+        SQL_CACHE.labels(self.name, "hit" if hit is not None else "miss").inc()
+        return None if hit is None else hit[0]
+
+    def add(self, key: Hashable, value: V) -> None:
+        """Cache ``value`` made after a ``peek`` missed."""
+        weight = self.weigh(value)
+        with self._lock:
+            if weight > self.max_weight or key in self._items:
+                return
+            self._items[key] = (value, weight)
+            self._weight += weight
+            while len(self._items) > self.entries or self._weight > self.max_weight:
+                _, (_, w) = self._items.popitem(last=False)
+                self._weight -= w
 
     def put(self, key: Hashable, value: V) -> None:
         """Replace the value of ``key`` (kept only if it is still cached)."""

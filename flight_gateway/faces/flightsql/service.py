@@ -74,6 +74,10 @@ class Result:
     app_metadata: bytes = b""
 
 
+#: The tables a statement names, each with its explicit pin: (table, version, as_of).
+Named = tuple[tuple[str, int | None, float | None], ...]
+
+
 @dataclass(frozen=True)
 class Statement:
     sql: str  # the handle's SQL, as the gateway wrote it
@@ -107,6 +111,10 @@ class FlightSqlService:
         self.running = cancels.Running(ttl_s)
         self.types: plans.Lru[pa.Schema] = plans.Lru("types", 4096, 4096)
         self.rewritten: plans.Lru[str] = plans.Lru("rewritten", 4096, 4096)
+        self.parsed: plans.Lru[tuple[str, Named]] = plans.Lru("parsed", 4096, 4096)
+        self.prepared: plans.Lru[tuple[Any, list[query.TableRef]]] = plans.Lru(
+            "prepared", 1024, 1024
+        )
         self.relations: plans.Lru[relations.TableRelation] = plans.Lru(
             "relations", 1024, 500_000, weigh=_files_listed
         )
@@ -120,47 +128,74 @@ class FlightSqlService:
 
     def _statement(self, sql: str, params: Sequence[Any], who: Principal) -> dict[str, Any]:
         """Parse, check permissions and pin: the handle's content."""
+        text, refs = self._parse(sql, params)
+        floating = {table for table, version, as_of in refs if version is None and as_of is None}
+        # One cut for every table not pinned explicitly: the catalog's clock when several
+        # tables float; one table's cut is simply its latest version (a clock query less).
+        moment = self.catalog.now() if len(floating) > 1 else None
+        pins, ids, schemas = [], [], []
+        latest: dict[str, Any] = {}  # a table named twice is pinned once
+        for table, version, as_of in refs:
+            who.require("read", table)
+            if version is not None:
+                snap = self.reads.snapshot(table, version)
+            elif as_of is None and moment is None:
+                snap = latest.get(table) or self.reads.snapshot(table)
+                latest[table] = snap
+            else:
+                snap = self.reads.snapshot(table, None, as_of if as_of is not None else moment)
+            pins.append(snap.version)
+            ids.append(snap.table_id)
+            schemas.append(snap.schema.schema_id)
+        return {"kind": "statement", "sql": text, "pins": pins, "ids": ids, "who": who.name,
+                "schemas": schemas}  # fmt: skip
+
+    def _parse(self, sql: str, params: Sequence[Any]) -> tuple[str, Named]:
+        """The SQL a handle carries and the tables it names, each with its explicit pin
+        (``plans``: a statement without parameters is parsed once)."""
+        if not params:
+            hit = self.parsed.peek(sql)
+            if hit is not None:
+                return hit
         with tracing.span("sql.parse"):
             tree = query.parse(sql)
         if params:
             tree = query.bind_parameters(tree, params)
         elif any(True for _ in tree.find_all(query.exp.Placeholder)):
             raise InvalidArgument("the statement has parameters: prepare it and bind them")
-        refs = query.table_refs(tree)
-        floating = {r.table for r in refs if r.version is None and r.as_of is None}
-        # One cut for every table not pinned explicitly: the catalog's clock when several
-        # tables float; one table's cut is simply its latest version (a clock query less).
-        moment = self.catalog.now() if len(floating) > 1 else None
-        pins, ids, schemas = [], [], []
-        latest: dict[str, Any] = {}  # a table named twice is pinned once
-        for r in refs:
-            who.require("read", r.table)
-            if r.version is not None:
-                snap = self.reads.snapshot(r.table, r.version)
-            elif r.as_of is None and moment is None:
-                snap = latest.get(r.table) or self.reads.snapshot(r.table)
-                latest[r.table] = snap
-            else:
-                snap = self.reads.snapshot(
-                    r.table, None, r.as_of if r.as_of is not None else moment
-                )
-            pins.append(snap.version)
-            ids.append(snap.table_id)
-            schemas.append(snap.schema.schema_id)
-        sql = tree.sql(query.DIALECT)
-        return {"kind": "statement", "sql": sql, "pins": pins, "ids": ids, "who": who.name,
-                "schemas": schemas}  # fmt: skip
+        named = tuple((r.table, r.version, r.as_of) for r in query.table_refs(tree))
+        out = (tree.sql(query.DIALECT), named)
+        if not params:
+            self.parsed.add(sql, out)
+        return out
 
     def _prepare_reads(
         self, handle: dict[str, Any], who: Principal | None = None
     ) -> tuple[Any, list[query.TableRef], list[Any]]:
+        """The handle's statement with what each reference needs (``plans``: shared read-only
+        by the statements of the same handle content), and its pinned tables; ``who`` must be
+        allowed to read each, checked before the catalog is asked anything."""
+        ids = handle.get("ids") or [None] * len(handle["pins"])
+        key = None
+        if handle.get("schemas") is not None:
+            key = (handle["sql"], tuple(handle["pins"]), tuple(ids), tuple(handle["schemas"]))
+            hit = self.prepared.peek(key)
+            if hit is not None:
+                tree, refs = hit
+                if who is not None:
+                    for ref in refs:
+                        who.require("read", ref.table)
+                snaps = [
+                    self.reads.snapshot(ref.table, ref.version, table_id=table_id)
+                    for ref, table_id in zip(refs, ids, strict=True)
+                ]
+                return tree, refs, snaps
         tree = query.parse(handle["sql"])
         refs = query.table_refs(tree)
-        if who is not None:  # before the catalog is asked anything
+        if who is not None:
             for ref in refs:
                 who.require("read", ref.table)
         snaps = []
-        ids = handle.get("ids") or [None] * len(refs)
         for ref, version, table_id in zip(refs, handle["pins"], ids, strict=True):
             ref.version, ref.as_of = int(version), None
             snaps.append(self.reads.snapshot(ref.table, ref.version, table_id=table_id))
@@ -168,6 +203,8 @@ class FlightSqlService:
             r.alias: {f.name for f in s.schema.fields} for r, s in zip(refs, snaps, strict=True)
         }
         query.plan_refs(tree, refs, schemas)
+        if key is not None:
+            self.prepared.add(key, (tree, refs))
         return tree, refs, snaps
 
     def _relations(
