@@ -5,6 +5,7 @@ the same rows. Every answer is compared to DuckDB's. Goal: total <= 2x DuckDB, Q
 same again with only kinds DuckDB scans as Parquet (files, Iceberg, Delta): the engine's own
 cost, without a database server to read from.
 
+The 99 TPC-DS queries at SF 0.01 over five kinds, on one connection, first and repeated run.
 Also a tiny statement's fixed cost (p50 / p99 on one connection, against DuckDB on the file
 and a plain Flight read), the Flight SQL caches' hit rates, and the memory of a streamed ``SELECT *`` over lineitem: the gateway's resident memory while
 a client reads and drops the batches, against the statement memory limit (goal: the rise stays
@@ -18,11 +19,13 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
+from benchmarks import tpcds_tables as tpcds
 from benchmarks import tpch_tables as tpch
 from benchmarks.services import postgres_database
 from clients import HarnessClient
@@ -50,10 +53,12 @@ def _rss_mb() -> float:
     return total / 1e6
 
 
-def _parquet_copy(oracle: duckdb.DuckDBPyConnection, root: Path) -> duckdb.DuckDBPyConnection:
+def _parquet_copy(
+    oracle: duckdb.DuckDBPyConnection, root: Path, tables: Sequence[str] = tpch.TABLES
+) -> duckdb.DuckDBPyConnection:
     """DuckDB over one Parquet file per table (views named like the tables): the baseline."""
     con = duckdb.connect()
-    for t in tpch.TABLES:
+    for t in tables:
         path = root / f"{t}.parquet"
         oracle.execute(f"COPY {t} TO '{path}' (FORMAT parquet)")
         con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{path}')")
@@ -119,6 +124,48 @@ def _queries(uri: str, baseline: Any, oracle: Any, repeats: int, label: str) -> 
         }
     )
     return rows
+
+
+def _tpcds(dsn: str, tmp: Path) -> list[dict]:
+    """The 99 TPC-DS queries at SF 0.01 over five kinds (``tpcds_tables``), on one ADBC
+    connection as a SQL tool holds one: the first run at the table versions (planning, typing,
+    slicing the Postgres and DuckLake tables) and a repeated run, against DuckDB on a Parquet
+    copy of the same rows. Every answer is compared to DuckDB's."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    from tests.flightsql.test_tpch import assert_same_rows
+
+    oracle = tpcds.generate(0.01)
+    root = tmp / "tpcds"
+    root.mkdir()
+    placement = tpcds.placement(oracle)
+    baseline = _parquet_copy(oracle, root, list(placement))
+    server, client, catalog = _gateway(root)
+    runs, base = [0.0, 0.0], 0.0
+    try:
+        tpch.load(client, oracle, root, dsn, placement)
+        with flightsql.connect(client.uri, autocommit=True) as conn:
+            for run in range(2):
+                for _, sql in tpcds.queries(oracle):
+                    started = time.perf_counter()
+                    with conn.cursor() as cur:
+                        cur.execute(sql)
+                        got = list(cur.fetchall())
+                    runs[run] += time.perf_counter() - started
+                    if run == 0:
+                        base_s, expected = _best(lambda sql=sql: baseline.execute(sql).fetchall(), 2)
+                        base += base_s
+                        assert_same_rows(got, expected, ordered="order by" in sql.lower())
+    finally:
+        client.close()
+        server.shutdown()
+        catalog.close()
+    return [
+        {"case": f"TPC-DS sf=0.01, 99 queries via Flight SQL (ADBC), five kinds: {what}",
+         "value": secs, "unit": "s", "ratio": base / secs,
+         "ratio_vs": f"duckdb on parquet {base:.3f}s (goal <= 3x)"}
+        for what, secs in (("first run at the version", runs[0]), ("repeated", runs[1]))
+    ]  # fmt: skip
 
 
 def _select_star(uri: str) -> dict:
@@ -245,4 +292,5 @@ def run(quick: bool = False) -> list[dict]:
                     client.close()
                     server.shutdown()
                     catalog.close()
+            out += _tpcds(dsn, tmp)
             return out
