@@ -439,26 +439,40 @@ class FlightSqlService:
                 raise InvalidArgument(
                     "CreatePreparedStatement needs an ActionCreatePreparedStatementRequest"
                 )
-            tree = query.parse(request.query)
-            for ref in query.table_refs(tree):
-                who.require("read", ref.table)
-            handle = {"kind": "prepared", "sql": request.query, "params": None, "who": who.name}
-            result = pb.ActionCreatePreparedStatementResult(
-                prepared_statement_handle=self.handles.seal(handle)
-            )
-            # The result's schema, typed now: JDBC takes a prepared statement without one for
-            # an update. Parameters are typed as NULL (their types come with their values).
-            count = query.parameter_count(tree)
-            typed = self._statement(request.query, [{"sql": "NULL"}] * count, who)
-            result.dataset_schema = self.schema_of(typed, who).serialize().to_pybytes()
-            if count:
-                result.parameter_schema = self._parameter_schema(tree).serialize().to_pybytes()
-            return [pack(result)]
+            return [pack(self._prepared(request.query, who))]
         if action_type == "ClosePreparedStatement":
             return []  # handles hold no server state
         if action_type in cancels.ACTIONS:
             return [self._cancel(action_type, body, who)]
         raise NotImplementedError(f"Flight SQL action {action_type!r} is not supported")
+
+    def _prepared(self, sql: str, who: Principal) -> pb.ActionCreatePreparedStatementResult:
+        """A prepared statement's handle and result schema (``plans``: a statement without
+        parameters prepared before is not parsed again; permissions are checked each time)."""
+        cached = self.parsed.peek(("prepare", sql))
+        tree = None
+        if cached is None:
+            tree = query.parse(sql)
+            tables = [ref.table for ref in query.table_refs(tree)]
+            count = query.parameter_count(tree)
+            if not count:
+                self.parsed.add(("prepare", sql), ("", tuple((t, None, None) for t in tables)))
+        else:
+            tables, count = [table for table, _, _ in cached[1]], 0
+        for table in tables:
+            who.require("read", table)
+        handle = {"kind": "prepared", "sql": sql, "params": None, "who": who.name}
+        result = pb.ActionCreatePreparedStatementResult(
+            prepared_statement_handle=self.handles.seal(handle)
+        )
+        # The result's schema, typed now: JDBC takes a prepared statement without one for
+        # an update. Parameters are typed as NULL (their types come with their values).
+        typed = self._statement(sql, [{"sql": "NULL"}] * count, who)
+        result.dataset_schema = self.schema_of(typed, who).serialize().to_pybytes()
+        if count:
+            assert tree is not None
+            result.parameter_schema = self._parameter_schema(tree).serialize().to_pybytes()
+        return result
 
     def _cancel(self, action_type: str, body: bytes, who: Principal) -> bytes:
         """Cancel the statements of a FlightInfo issued to ``who``: NOT_CANCELLABLE when it
