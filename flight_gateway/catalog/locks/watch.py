@@ -83,9 +83,10 @@ class Watch:
         self._send([*catalogs, *holds])
 
     def _send(self, messages: list[dict[str, object]]) -> None:
-        data = b"".join(json.dumps(m).encode() + b"\n" for m in messages)
+        data = memoryview(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
         try:
-            os.write(self._fd, data)  # small: one atomic write of the pipe
+            while data:  # one write of a line or two; a new watcher's first may be longer
+                data = data[os.write(self._fd, data) :]
         except OSError as e:  # the watcher died: another starts with the next lease
             log.warning("lease watcher gone (%s); another starts with the next lease", e)
             os.close(self._fd)
