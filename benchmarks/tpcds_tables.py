@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import duckdb
 
+from benchmarks.tpch_tables import generated
+
 KINDS = ("files", "iceberg", "postgres", "delta", "ducklake")
 
 
 def generate(sf: float) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection holding the TPC-DS tables at scale factor ``sf`` (also the oracle)."""
-    import duckdb_extensions
-
-    con = duckdb.connect(config={"autoinstall_known_extensions": "false"})
-    duckdb_extensions.import_extension("tpcds", con=con)
-    con.execute(f"CALL dsdgen(sf={sf})")
-    return con
+    return generated("tpcds", f"CALL dsdgen(sf={sf})")
 
 
 def queries(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]:

@@ -59,14 +59,19 @@ KEYS = {
 }
 
 
-def generate(sf: float) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection holding the TPC-H tables at scale factor ``sf`` (also the oracle)."""
+def generated(extension: str, call: str) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the offline ``extension`` (tpch, tpcds) that ran ``call``."""
     import duckdb_extensions
 
     con = duckdb.connect(config={"autoinstall_known_extensions": "false"})
-    duckdb_extensions.import_extension("tpch", con=con)
-    con.execute(f"CALL dbgen(sf={sf})")
+    duckdb_extensions.import_extension(extension, con=con)
+    con.execute(call)
     return con
+
+
+def generate(sf: float) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection holding the TPC-H tables at scale factor ``sf`` (also the oracle)."""
+    return generated("tpch", f"CALL dbgen(sf={sf})")
 
 
 def queries(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]:
