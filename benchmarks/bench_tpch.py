@@ -102,7 +102,13 @@ def _setup(tmp: Path, data: pa.Table, dsn: str) -> tuple[HarnessFlightServer, Ha
     as_of = _postgres(dsn, hot)
     catalog = Catalog(f"sqlite:///{tmp / 'harness.db'}")
     server = HarnessFlightServer(
-        catalog, GatewayConfig(port=0, allow_anonymous=True, ticket_key="bench-ticket-key-0123")
+        catalog,
+        GatewayConfig(
+            port=0,
+            allow_anonymous=True,
+            ticket_key="bench-ticket-key-0123",
+            limits={"sql_result_cache_mb": 0},  # each repeat computed: the engine is measured
+        ),
     )
     threading.Thread(target=server.serve, daemon=True).start()
     client = HarnessClient(f"grpc://127.0.0.1:{server.port}")

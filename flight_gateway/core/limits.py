@@ -17,6 +17,9 @@ class SqlLimits:
     timeout_s: float = 300.0
     spill_limit_mb: int = 10 * 1024
     temp_dir: str | None = None  # None: the system's temporary directory
+    #: Results of deterministic statements kept for statements over the same pinned versions
+    #: (0: none kept); one result is kept only if at most an eighth of this.
+    result_cache_mb: int = 64
 
     @property
     def hard_limit_mb(self) -> int:
@@ -65,6 +68,9 @@ class Limits:
     #: Where statements spill (a directory per statement, removed when it ends); None: the
     #: system's temporary directory.
     sql_temp_dir: str | None = None
+    #: Results of deterministic statements the gateway keeps for statements over the same
+    #: pinned table versions (a pinned version never changes); 0 keeps none.
+    sql_result_cache_mb: int = 64
 
     def __post_init__(self) -> None:
         for name in (
@@ -77,7 +83,7 @@ class Limits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"limits.{name} must be a positive integer, not {value!r}")
-        for name in ("sql_threads",):
+        for name in ("sql_threads", "sql_result_cache_mb"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"limits.{name} must be 0 or more, not {value!r}")
@@ -98,6 +104,7 @@ class Limits:
             timeout_s=float(self.sql_timeout_s),
             spill_limit_mb=self.sql_spill_limit_mb,
             temp_dir=self.sql_temp_dir,
+            result_cache_mb=self.sql_result_cache_mb,
         )
 
     @classmethod

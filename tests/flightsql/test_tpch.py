@@ -27,7 +27,9 @@ SF = 0.01
 def setup(tmp_path_factory: pytest.TempPathFactory, pg_dsn: str) -> Iterator[tuple[Any, Any]]:
     root = tmp_path_factory.mktemp("tpch")
     oracle = tpch.generate(SF)
-    with running_gateway(f"sqlite:///{root / 'catalog.db'}") as (server, _):
+    # No result is kept: every statement here is planned and run (the plan test reads logs).
+    no_results = {"sql_result_cache_mb": 0}
+    with running_gateway(f"sqlite:///{root / 'catalog.db'}", limits=no_results) as (server, _):
         client = client_for(server)
         tpch.load(client, oracle, root, pg_dsn)
         yield client, oracle

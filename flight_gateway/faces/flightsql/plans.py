@@ -17,16 +17,26 @@
   relations) after DuckDB's own parse checked it, keyed by the handle's SQL and which view each
   table reference reads. A function of those two alone: no table state enters it.
 
-All are bounded LRUs (entries; relations also by the files they list) and count hits and
-misses (``harness_sql_cache``).
+- ``results``: the rows of a deterministic statement (``query.deterministic``: only functions
+  DuckDB calls consistent, no ``now()``, ``random()`` or sampling), keyed by its SQL with its
+  parameters bound and the table id, pinned version and schema id of each table it reads: a
+  function of those alone. Kept when its stream ended whole and it was small enough
+  (``limits.sql_result_cache_mb``, one result at most an eighth of it). A later statement with
+  the same key is still checked for permissions and pins (an expired version or a dropped table
+  fails as before) and holds its slots, but runs no worker.
+
+All are bounded LRUs (entries; relations also by the files they list, results by their bytes)
+and count hits and misses (``harness_sql_cache``).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
+
+import pyarrow as pa
 
 from flight_gateway.core.metrics import SQL_CACHE
 
@@ -104,3 +114,38 @@ class Lru(Generic[V]):
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"hits": self.hits, "misses": self.misses, "entries": len(self._items)}
+
+
+class Results:
+    """Kept statement results (the module's ``results``), at most ``capacity`` bytes."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.largest = capacity // 8
+        self.lru: Lru[pa.Table] = Lru("results", 4096, capacity, weigh=lambda t: t.nbytes)
+
+    def peek(self, key: Hashable) -> pa.Table | None:
+        return self.lru.peek(key)
+
+    def keeping(self, key: Hashable, reader: pa.RecordBatchReader) -> pa.RecordBatchReader:
+        """``reader``'s batches, kept as ``key``'s result once the stream ended whole: a
+        stream that failed, was cancelled or was left early is not kept."""
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            kept: list[pa.RecordBatch] | None = []
+            size = 0
+            for batch in reader:
+                if kept is not None:
+                    size += batch.nbytes
+                    if size > self.largest:
+                        kept = None
+                    else:
+                        kept.append(batch)
+                yield batch
+            if kept is not None:
+                self.lru.add(key, pa.Table.from_batches(kept, reader.schema))
+
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    def stats(self) -> dict[str, int]:
+        return self.lru.stats()

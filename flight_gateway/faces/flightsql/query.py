@@ -380,15 +380,17 @@ def reads_more_than_once(tree: exp.Query) -> bool:
     return tree.find(exp.CTE) is not None
 
 
-def check_duckdb_functions(sql: str) -> None:
+def check_duckdb_functions(sql: str) -> bool:
     """The ``denied`` check on DuckDB's own parse of ``sql``: whatever syntax calls a function
     (``'x'.current_setting()``, ``main.f()``, a quoted name), DuckDB names it here. Parsing
-    only (the gateway's metadata database): nothing of the statement is bound or evaluated."""
+    only (the gateway's metadata database): nothing of the statement is bound or evaluated.
+    Returns whether the statement is ``deterministic``."""
     from flight_gateway.faces.flightsql.engine import metadata
 
     con = metadata()
     try:
         parsed = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+        consistent = _consistent_functions(con)
     finally:
         con.close()
     if parsed.get("error"):
@@ -397,6 +399,57 @@ def check_duckdb_functions(sql: str) -> None:
         if denied(name):
             raise _refuse(name)
     _check_duckdb_tables(parsed)
+    return deterministic(parsed, consistent)
+
+
+_CONSISTENT: frozenset[str] | None = None
+
+
+def _consistent_functions(con: Any) -> frozenset[str]:
+    """Names of DuckDB's functions whose every overload is ``CONSISTENT`` (the same arguments
+    give the same answer, whenever called): not ``now()`` nor ``current_date``
+    (``CONSISTENT_WITHIN_QUERY``), ``random()`` or ``nextval()`` (``VOLATILE``), nor macros
+    (no stability recorded)."""
+    global _CONSISTENT
+    if _CONSISTENT is None:
+        rows = con.execute(
+            "SELECT function_name FROM duckdb_functions() GROUP BY function_name "
+            "HAVING bool_and(coalesce(stability = 'CONSISTENT', false))"
+        ).fetchall()
+        _CONSISTENT = frozenset(name.lower() for (name,) in rows)
+    return _CONSISTENT
+
+
+def deterministic(parsed: Any, consistent: frozenset[str]) -> bool:
+    """Whether a statement (DuckDB's parse) always gives the same rows over the same pinned
+    tables: it calls only ``consistent`` functions, names no bare keyword such as
+    ``current_date`` (DuckDB parses it as a column and binds it to a function) and samples
+    nothing. Only such a statement's result may be reused (``plans``: ``results``)."""
+    stack = [parsed]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            name = node.get("function_name")
+            if isinstance(name, str) and name.lower() not in consistent:
+                return False
+            if node.get("sample"):
+                return False
+            if node.get("class") == "COLUMN_REF":
+                names = node.get("column_names") or []
+                if len(names) == 1 and str(names[0]).lower() in _KEYWORD_FUNCTIONS:
+                    return False
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return True
+
+
+#: Keywords DuckDB's parser leaves as column references and its binder calls as functions.
+_KEYWORD_FUNCTIONS = frozenset({
+    "current_date", "current_time", "current_timestamp", "localtime", "localtimestamp",
+    "current_user", "current_role", "session_user", "user", "current_catalog",
+    "current_schema", "current_database",
+})  # fmt: skip
 
 
 _INTERNAL = re.compile(r"^__harness_[0-9]+$")

@@ -110,7 +110,7 @@ class FlightSqlService:
         self.handles = HandleSealer(key, ttl_s)
         self.running = cancels.Running(ttl_s)
         self.types: plans.Lru[pa.Schema] = plans.Lru("types", 4096, 4096)
-        self.rewritten: plans.Lru[str] = plans.Lru("rewritten", 4096, 4096)
+        self.rewritten: plans.Lru[tuple[str, bool]] = plans.Lru("rewritten", 4096, 4096)
         self.parsed: plans.Lru[tuple[str, Named]] = plans.Lru("parsed", 4096, 4096)
         self.prepared: plans.Lru[tuple[Any, list[query.TableRef]]] = plans.Lru(
             "prepared", 1024, 1024
@@ -118,6 +118,7 @@ class FlightSqlService:
         self.relations: plans.Lru[relations.TableRelation] = plans.Lru(
             "relations", 1024, 500_000, weigh=_files_listed
         )
+        self.results = plans.Results(self.limits.result_cache_mb << 20)
 
     @staticmethod
     def claim(data: bytes) -> Any | None:
@@ -274,14 +275,14 @@ class FlightSqlService:
             translate=translate,
         )
 
-    def _sql(self, stmt: Statement) -> str:
-        """The statement as its worker runs it, checked (``plans``: the same handle SQL over
-        the same grouping of references is rewritten and checked once)."""
+    def _sql(self, stmt: Statement) -> tuple[str, bool]:
+        """The statement as its worker runs it, checked, and whether it is deterministic
+        (``plans``: the same handle SQL over the same grouping of references is rewritten and
+        checked once)."""
 
-        def checked() -> str:
+        def checked() -> tuple[str, bool]:
             sql = query.rewrite(stmt.tree, stmt.refs, stmt.relation_of)
-            query.check_duckdb_functions(sql)
-            return sql
+            return sql, query.check_duckdb_functions(sql)
 
         return self.rewritten.get((stmt.sql, tuple(stmt.relation_of)), checked)
 
@@ -298,7 +299,7 @@ class FlightSqlService:
 
     def _typed(self, handle: dict[str, Any], who: Principal) -> pa.Schema:
         stmt, rels = self._relations(handle, plan=False)
-        plan = engine.build(self._sql(stmt), rels, stmt.again)
+        plan = engine.build(self._sql(stmt)[0], rels, stmt.again)
         with self.core.statement_slots(who.name):  # as running it: typing evaluates
             return self._run(plan, "schema").schema()
 
@@ -306,10 +307,18 @@ class FlightSqlService:
         self, handle: dict[str, Any], who: Principal, key: bytes = b""
     ) -> pa.RecordBatchReader:
         """The statement's result, streamed as its worker produces it (the caller holds the
-        statement's slots until the stream ends); cancellable by its sealed handle ``key``."""
+        statement's slots until the stream ends); cancellable by its sealed handle ``key``.
+        A deterministic statement over the same pinned versions ran before: its kept result
+        (``plans``: ``results``), after the same permission and pin checks."""
+        kept_as = self._result_key(handle)
+        if kept_as is not None:
+            self._prepare_reads(handle, who)  # permissions and pins, as for every statement
+            kept = self.results.peek(kept_as)
+            if kept is not None:
+                return kept.to_reader()
         with tracing.span("sql.plan"):
             stmt, rels = self._relations(handle, plan=True, who=who)
-        sql = self._sql(stmt)
+        sql, same_rows = self._sql(stmt)
         try:
             plan = engine.build(sql, rels, stmt.again)
         except Exception as e:  # the sources failed, not the caller's SQL
@@ -322,7 +331,17 @@ class FlightSqlService:
         }
         log.info("flight sql: %s", json.dumps(report))
         stream = self.running.stream(key, self._run(plan, "run"))
+        if kept_as is not None and same_rows:
+            stream = self.results.keeping(kept_as, stream)
         return tracing.traced_stream("sql.execute", stream)
+
+    def _result_key(self, handle: dict[str, Any]) -> tuple[Any, ...] | None:
+        """What a statement's rows are a function of: its SQL (parameters bound) and the table
+        id, version and schema of each table it reads."""
+        if handle.get("schemas") is None or not self.results.capacity:
+            return None
+        return (handle["sql"], tuple(handle["pins"]), tuple(handle.get("ids") or ()),
+                tuple(handle["schemas"]))  # fmt: skip
 
     def close(self) -> None:
         self.workers.close()
