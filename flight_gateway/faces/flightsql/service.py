@@ -335,6 +335,13 @@ class FlightSqlService:
             stream = self.results.keeping(kept_as, stream)
         return tracing.traced_stream("sql.execute", stream)
 
+    def engine_plan(self, sql: str, who: Principal) -> Plan:
+        """What a worker would run for ``sql`` now (its views over the pinned sources, then
+        the rewritten statement), planned exactly as a statement is, without running it:
+        benchmarks time DuckDB alone over the same files with it."""
+        stmt, rels = self._relations(self._statement(sql, (), who), plan=True, who=who)
+        return engine.build(self._sql(stmt)[0], rels, stmt.again)
+
     def _result_key(self, handle: dict[str, Any]) -> tuple[Any, ...] | None:
         """What a statement's rows are a function of: its SQL (parameters bound) and the table
         id, version and schema of each table it reads."""
