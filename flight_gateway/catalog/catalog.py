@@ -134,6 +134,10 @@ class Catalog:
         also the version current then (``version_at``)."""
         return queries.head(self._fast or self.engine, name, as_of)
 
+    def heads(self, names: Sequence[str], as_of: float | None = None) -> dict[str, TableHead]:
+        """``head`` of each of ``names`` (NOT_FOUND for the first unknown), in one read."""
+        return queries.heads(self._fast or self.engine, names, as_of)
+
     def history(
         self, name: str, limit: int | None = None, until: int | None = None
     ) -> list[CommitInfo]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, func, select
@@ -137,6 +138,35 @@ def head(engine: Engine, name: str, as_of: float | None = None) -> TableHead:
         t = table_row(conn, name)
         at = None if as_of is None else resolve_version(conn, t, None, as_of)
         return TableHead(int(t.id), int(t.current_version), int(t.min_version), at)
+
+
+def heads(engine: Engine, names: Sequence[str], as_of: float | None = None) -> dict[str, TableHead]:
+    """``head`` of several tables in one read: two statements whatever their number (a
+    statement naming many tables pins them all at one moment)."""
+    wanted = list(dict.fromkeys(names))
+    with read_tx(engine) as conn:
+        q = select(tables.c.id, tables.c.name, tables.c.current_version, tables.c.min_version)
+        rows = {r.name: r for r in conn.execute(q.where(tables.c.name.in_(wanted)))}
+        missing = [n for n in wanted if n not in rows]
+        if missing:
+            raise NotFound(f"table {missing[0]!r} does not exist")
+        at: dict[int, int] = {}
+        if as_of is not None:
+            ids = [int(r.id) for r in rows.values()]
+            q = (
+                select(versions.c.table_id, func.max(versions.c.version))
+                # Commit times have microsecond precision; absorb float rounding of as_of.
+                .where(versions.c.table_id.in_(ids), versions.c.committed_at <= as_of + 5e-7)
+                .group_by(versions.c.table_id)
+            )
+            at = {int(row[0]): int(row[1]) for row in conn.execute(q) if row[1] is not None}
+            late = [n for n in wanted if int(rows[n].id) not in at]
+            if late:
+                raise NotFound(f"table {late[0]!r} has no version committed at or before {as_of}")
+    return {
+        n: TableHead(int(r.id), int(r.current_version), int(r.min_version), at.get(int(r.id)))
+        for n, r in rows.items()
+    }
 
 
 def current_version(engine: Engine, name: str) -> int:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.faces.flightsql import query
+from flight_gateway.faces.flightsql import plans, query
 from flight_gateway.protocol.flightsql import pack, pb
 from tests.gateway.helpers import client_for, running_gateway
 
@@ -183,4 +183,35 @@ def test_a_ticket_whose_table_was_dropped_is_refused_though_its_result_is_kept(
         raw.do_get(ticket).read_all()
     _table(client, tmp_path / "t2", rows=7)  # the same name again: another table id
     assert _rows(client.uri, sql) == [(7,)]
+    raw.close()
+
+
+def test_a_statement_asks_the_catalog_for_its_tables_heads_once_per_call(
+    served: tuple[Any, HarnessClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table named three times, and the other tables of a statement, are pinned with one
+    catalog read of their heads per call (GetFlightInfo, then DoGet), not one per name."""
+    server, client = served
+    sql = "SELECT count(*) FROM t a JOIN t b USING (id) JOIN t c USING (id) WHERE a.id < 10"
+    assert _rows(client.uri, sql) == [(10,)]  # typed (and kept) before
+    catalog = server.sql.reads.catalog
+    calls: list[list[str]] = []
+    heads = catalog.heads
+
+    def counted(names: Any, as_of: Any = None) -> Any:
+        calls.append(list(names))
+        return heads(names, as_of)
+
+    monkeypatch.setattr(catalog, "heads", counted)
+    monkeypatch.setattr(catalog, "head", lambda *a, **k: pytest.fail("one head per name"))
+    raw = fl.connect(client.uri)
+    descriptor = fl.FlightDescriptor.for_command(pack(pb.CommandStatementQuery(query=sql)))
+    info = raw.get_flight_info(descriptor)
+    assert len(calls) == 1
+    assert raw.do_get(info.endpoints[0].ticket).read_all().column(0).to_pylist() == [10]
+    assert calls == [["t", "t", "t"], ["t", "t", "t"]]
+    server.sql.results = plans.Results(0)  # computed this time: still one read per call
+    info = raw.get_flight_info(descriptor)
+    assert raw.do_get(info.endpoints[0].ticket).read_all().column(0).to_pylist() == [10]
+    assert len(calls) == 4
     raw.close()

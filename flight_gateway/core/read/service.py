@@ -10,11 +10,12 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
 from flight_gateway.catalog import TableSnapshot
+from flight_gateway.catalog.model import TableHead
 from flight_gateway.core import metrics, tracing
 from flight_gateway.core.context import Gateway
 from flight_gateway.core.read import dedupe, plain, since
@@ -26,6 +27,10 @@ from flight_gateway.protocol.direct import DirectSigner
 from flight_gateway.protocol.errors import HarnessError, InvalidArgument, NotFound, Unauthorized
 from planners.execute import execute
 from planners.kind import ScanTask
+
+#: A table pinned by name: ``(table, version, as_of, table_id)`` as ``ReadService.snapshot``
+#: takes them.
+Pin = tuple[str, int | None, float | None, int | None]
 
 
 class ReadService:
@@ -58,27 +63,49 @@ class ReadService:
         name now holds another, or none)."""
         if version is not None and as_of is not None:
             raise InvalidArgument("give either version or as_of, not both")
-        head = self.catalog.head(table, as_of)
+        return self._at(table, version, table_id, self.catalog.head(table, as_of))
+
+    def snapshots(self, pins: Sequence[Pin]) -> list[TableSnapshot]:
+        """``snapshot`` of each ``(table, version, as_of, table_id)``, the heads of all tables
+        asked in one catalog read per distinct ``as_of`` (a statement pins every table it
+        names at one moment), each distinct pin resolved once."""
+        for _, version, as_of, _ in pins:
+            if version is not None and as_of is not None:
+                raise InvalidArgument("give either version or as_of, not both")
+        heads: dict[tuple[str, float | None], TableHead] = {}
+        for moment in dict.fromkeys(as_of for _, _, as_of, _ in pins):
+            names = [table for table, _, as_of, _ in pins if as_of == moment]
+            for name, head in self.catalog.heads(names, moment).items():
+                heads[(name, moment)] = head
+        done: dict[Pin, TableSnapshot] = {}
+        for pin in pins:
+            if pin not in done:
+                table, version, as_of, table_id = pin
+                done[pin] = self._at(table, version, table_id, heads[(table, as_of)])
+        return [done[pin] for pin in pins]
+
+    def _at(
+        self, table: str, version: int | None, table_id: int | None, head: TableHead
+    ) -> TableSnapshot:
+        """``table`` at ``version`` (None: the head's ``version_at`` if it has one, else its
+        latest), checked against ``head``: the incarnation and the versions kept now."""
         if table_id is not None and head.table_id != table_id:
             raise NotFound(
                 f"table {table!r} was dropped (and perhaps created again) since this was issued"
             )
-        if as_of is not None:  # resolved by the head's query: the cached description serves
-            version, as_of = head.version_at, None
-        elif version is None:
-            version = head.current_version
-        if version is not None:
-            if version < head.min_version:
-                raise NotFound(
-                    f"version {version} of table {table!r} has expired "
-                    f"(oldest kept is {head.min_version})"
-                )
-            with self._lock:
-                hit = self._cache.get((head.table_id, version))
-                if hit is not None:
-                    self._cache.move_to_end((head.table_id, version))
-                    return hit
-        snap = self.catalog.describe(table, version=version, as_of=as_of)
+        if version is None:  # the moment's version (resolved by the head's query) or latest
+            version = head.version_at if head.version_at is not None else head.current_version
+        if version < head.min_version:
+            raise NotFound(
+                f"version {version} of table {table!r} has expired "
+                f"(oldest kept is {head.min_version})"
+            )
+        with self._lock:
+            hit = self._cache.get((head.table_id, version))
+            if hit is not None:
+                self._cache.move_to_end((head.table_id, version))
+                return hit
+        snap = self.catalog.describe(table, version=version)
         if snap.table_id != head.table_id:  # dropped and created again in between
             raise NotFound(f"table {table!r} was dropped while it was being read")
         with self._lock:

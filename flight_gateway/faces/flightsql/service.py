@@ -134,22 +134,16 @@ class FlightSqlService:
         # One cut for every table not pinned explicitly: the catalog's clock when several
         # tables float; one table's cut is simply its latest version (a clock query less).
         moment = self.catalog.now() if len(floating) > 1 else None
-        pins, ids, schemas = [], [], []
-        latest: dict[str, Any] = {}  # a table named twice is pinned once
-        for table, version, as_of in refs:
+        for table, _, _ in refs:
             who.require("read", table)
-            if version is not None:
-                snap = self.reads.snapshot(table, version)
-            elif as_of is None and moment is None:
-                snap = latest.get(table) or self.reads.snapshot(table)
-                latest[table] = snap
-            else:
-                snap = self.reads.snapshot(table, None, as_of if as_of is not None else moment)
-            pins.append(snap.version)
-            ids.append(snap.table_id)
-            schemas.append(snap.schema.schema_id)
-        return {"kind": "statement", "sql": text, "pins": pins, "ids": ids, "who": who.name,
-                "schemas": schemas}  # fmt: skip
+        # A table named several times is pinned once; all heads in one catalog read.
+        snaps = self.reads.snapshots([
+            (table, version, moment if version is None and as_of is None else as_of, None)
+            for table, version, as_of in refs
+        ])  # fmt: skip
+        return {"kind": "statement", "sql": text, "pins": [s.version for s in snaps],
+                "ids": [s.table_id for s in snaps], "who": who.name,
+                "schemas": [s.schema.schema_id for s in snaps]}  # fmt: skip
 
     def _parse(self, sql: str, params: Sequence[Any]) -> tuple[str, Named]:
         """The SQL a handle carries and the tables it names, each with its explicit pin
@@ -186,20 +180,18 @@ class FlightSqlService:
                 if who is not None:
                     for ref in refs:
                         who.require("read", ref.table)
-                snaps = [
-                    self.reads.snapshot(ref.table, ref.version, table_id=table_id)
-                    for ref, table_id in zip(refs, ids, strict=True)
-                ]
-                return tree, refs, snaps
+                pins = [(r.table, r.version, None, i) for r, i in zip(refs, ids, strict=True)]
+                return tree, refs, self.reads.snapshots(pins)
         tree = query.parse(handle["sql"])
         refs = query.table_refs(tree)
         if who is not None:
             for ref in refs:
                 who.require("read", ref.table)
-        snaps = []
-        for ref, version, table_id in zip(refs, handle["pins"], ids, strict=True):
+        for ref, version in zip(refs, handle["pins"], strict=True):
             ref.version, ref.as_of = int(version), None
-            snaps.append(self.reads.snapshot(ref.table, ref.version, table_id=table_id))
+        snaps = self.reads.snapshots(
+            [(r.table, r.version, None, i) for r, i in zip(refs, ids, strict=True)]
+        )
         schemas = {
             r.alias: {f.name for f in s.schema.fields} for r, s in zip(refs, snaps, strict=True)
         }
@@ -209,12 +201,16 @@ class FlightSqlService:
         return tree, refs, snaps
 
     def _relations(
-        self, handle: dict[str, Any], plan: bool, who: Principal | None = None
+        self,
+        handle: dict[str, Any],
+        plan: bool,
+        who: Principal | None = None,
+        reads: tuple[Any, list[query.TableRef], list[Any]] | None = None,
     ) -> tuple[Statement, list[relations.TableRelation]]:
         """One relation per table and version the statement reads (planned when ``plan``, else
         empty relations of the right columns), and which one each reference reads; ``who``
-        must be allowed to read every table."""
-        tree, refs, snaps = self._prepare_reads(handle, who)
+        must be allowed to read every table (``reads``: ``_prepare_reads`` done already)."""
+        tree, refs, snaps = reads or self._prepare_reads(handle, who)
         groups: dict[tuple[int, int], list[int]] = {}
         for i, snap in enumerate(snaps):
             groups.setdefault((snap.table_id, snap.version), []).append(i)
@@ -310,14 +306,14 @@ class FlightSqlService:
         statement's slots until the stream ends); cancellable by its sealed handle ``key``.
         A deterministic statement over the same pinned versions ran before: its kept result
         (``plans``: ``results``), after the same permission and pin checks."""
+        reads = self._prepare_reads(handle, who)  # permissions and pins
         kept_as = self._result_key(handle)
         if kept_as is not None:
-            self._prepare_reads(handle, who)  # permissions and pins, as for every statement
             kept = self.results.peek(kept_as)
             if kept is not None:
                 return kept.to_reader()
         with tracing.span("sql.plan"):
-            stmt, rels = self._relations(handle, plan=True, who=who)
+            stmt, rels = self._relations(handle, plan=True, who=who, reads=reads)
         sql, same_rows = self._sql(stmt)
         try:
             plan = engine.build(sql, rels, stmt.again)
