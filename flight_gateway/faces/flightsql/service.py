@@ -158,9 +158,13 @@ class FlightSqlService:
             tree = query.bind_parameters(tree, params)
         elif any(True for _ in tree.find_all(query.exp.Placeholder)):
             raise InvalidArgument("the statement has parameters: prepare it and bind them")
+        return self._parsed(sql, tree, keep=not params)
+
+    def _parsed(self, sql: str, tree: Any, keep: bool) -> tuple[str, Named]:
+        """``_parse``'s answer from ``sql``'s tree (parameters bound), kept when ``keep``."""
         named = tuple((r.table, r.version, r.as_of) for r in query.table_refs(tree))
         out = (tree.sql(query.DIALECT), named)
-        if not params:
+        if keep:
             self.parsed.add(sql, out)
         return out
 
@@ -479,6 +483,7 @@ class FlightSqlService:
             count = query.parameter_count(tree)
             if not count:
                 self.parsed.add(("prepare", sql), ("", tuple((t, None, None) for t in tables)))
+                self._parsed(sql, tree, keep=True)  # the statement's own: not parsed again
         else:
             tables, count = [table for table, _, _ in cached[1]], 0
         for table in tables:
