@@ -134,6 +134,8 @@ def _conjunct(e: Expr, b: Any) -> Any:
         }[e.op]
         return method(e.column, e.value)
     if isinstance(e, In) and e.values and None not in e.values:
+        if any(isinstance(v, float) and v == 0 for v in e.values):
+            return None  # a lookup by hash misses 0.0 for -0.0: the residual filter decides
         return b.is_in(e.column, list(e.values))
     if isinstance(e, IsNull):
         return b.is_null(e.column)

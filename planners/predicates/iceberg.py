@@ -70,7 +70,15 @@ def to_iceberg(expr: Expr | None) -> Any:
                     if len(present) < len(e.values)
                     else ie.NotIn(e.column, present)
                 )
-            return ie.In(e.column, present) if present else ie.AlwaysFalse()
+            if not present:
+                return ie.AlwaysFalse()
+            # pyiceberg filters the rows it reads with pyarrow's is_in, which matches floats
+            # by hash: 0.0 never finds -0.0 (equal in SQL). Zero is compared instead.
+            rest = [v for v in present if not (isinstance(v, float) and v == 0)]
+            if len(rest) == len(present):
+                return ie.In(e.column, present)
+            zero = ie.EqualTo(e.column, 0.0)
+            return ie.Or(zero, ie.In(e.column, rest)) if rest else zero
         if isinstance(e, Between):
             if e.low is None or e.high is None:
                 return ie.AlwaysTrue()

@@ -150,6 +150,10 @@ def check(engines: Engines, flt: str) -> set[int]:
         for t in engines.iceberg.scan(row_filter=to_iceberg(expr)).plan_files()
     }
     assert want <= kept, f"pyiceberg pruned matching rows {want - kept}: {flt} -> {expr}"
+    # pyiceberg also filters the rows it reads with it (the gateway's residual comes after):
+    # an IN over floats by hash dropped 0.0 for -0.0 (found by test_filter_property).
+    read = engines.iceberg.scan(row_filter=to_iceberg(expr)).to_arrow().column("id")
+    assert want <= set(read.to_pylist()), f"pyiceberg dropped matching rows: {flt} -> {expr}"
     for row in DATA.to_pylist():
         partition = {k: _raw(v) for k, v in row.items()}
         if row["id"] in want:
