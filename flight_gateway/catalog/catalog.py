@@ -203,14 +203,16 @@ class Catalog:
         owner: str,
         ttl_s: float,
         wait_s: float = 0.0,
+        lock_id: str | None = None,
     ) -> LockGrant:
         """Lease a lock on ``source_names`` (all or nothing), waiting up to ``wait_s`` in a queue.
 
         Requests for overlapping sources are granted in arrival order; a request never overtakes
         an earlier waiting one that overlaps it. ``wait_s`` may not exceed the catalog's
-        ``max_wait_s``.
+        ``max_wait_s``. ``lock_id``: the id to queue and grant under (a new one when None), so a
+        caller can say whose it is before it exists (``locks.watch``).
         """
-        return self._locks.lock(table, source_names, owner, ttl_s, wait_s)
+        return self._locks.lock(table, source_names, owner, ttl_s, wait_s, lock_id)
 
     def renew_lock(self, lock_id: str, ttl_s: float | None = None) -> float:
         """Extend a granted, unexpired lease; returns the new expiry (epoch seconds)."""

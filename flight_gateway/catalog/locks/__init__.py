@@ -64,7 +64,13 @@ class Locks:
         self._max_wait_s = max_wait_s
 
     def _ask(
-        self, table: str, source_names: Sequence[str], owner: str, ttl_s: float, wait_s: float
+        self,
+        table: str,
+        source_names: Sequence[str],
+        owner: str,
+        ttl_s: float,
+        wait_s: float,
+        lock_id: str | None = None,
     ) -> LockAsk:
         wanted = sorted(set(as_list(source_names, "sources")))
         if not wanted or not all(isinstance(s, str) and s for s in wanted):
@@ -74,7 +80,7 @@ class Locks:
             raise InvalidArgument(f"wait_s must be in [0, {self._max_wait_s:g}], got {wait_s!r}")
         if not isinstance(owner, str) or not owner:
             raise InvalidArgument("lock owner must be a non-empty string")
-        return LockAsk(table, uuid.uuid4().hex, owner, tuple(wanted), ttl)
+        return LockAsk(table, lock_id or uuid.uuid4().hex, owner, tuple(wanted), ttl)
 
     def _step(self, ask: LockAsk, enqueue: bool) -> StepResult:
         if self._fast is not None:
@@ -83,9 +89,15 @@ class Locks:
             return lock_step(conn, ask, enqueue)
 
     def lock(
-        self, table: str, source_names: Sequence[str], owner: str, ttl_s: float, wait_s: float
+        self,
+        table: str,
+        source_names: Sequence[str],
+        owner: str,
+        ttl_s: float,
+        wait_s: float,
+        lock_id: str | None = None,
     ) -> LockGrant:
-        ask = self._ask(table, source_names, owner, ttl_s, wait_s)
+        ask = self._ask(table, source_names, owner, ttl_s, wait_s, lock_id)
         deadline = time.monotonic() + float(wait_s)
         poll = self._poll_s
         queued = False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -54,9 +55,19 @@ def leased(
     wait_s: float,
 ) -> Iterator[LockGrant]:
     """Hold a lock on ``sources`` for the block, renewing it; released at the end."""
-    with tracing.span("lock.wait", table=table, sources=",".join(sources)):
-        grant = catalog.lock(table, sources, owner=owner, ttl_s=ttl_s, wait_s=wait_s)
-    WATCH.hold(catalog.url, grant.lock_id)  # freed at once if this process dies
+    # The watcher knows the lock's id before the catalog does: a process killed between the
+    # grant and telling the watcher would leave a lease nobody frees until it runs out (seen
+    # in CI), and a dead process's place in the queue is freed too.
+    lock_id = uuid.uuid4().hex
+    WATCH.hold(catalog.url, lock_id)
+    try:
+        with tracing.span("lock.wait", table=table, sources=",".join(sources)):
+            grant = catalog.lock(
+                table, sources, owner=owner, ttl_s=ttl_s, wait_s=wait_s, lock_id=lock_id
+            )
+    except BaseException:
+        WATCH.release(lock_id)
+        raise
     renewer = _Renewer(catalog, grant.lock_id, ttl_s)
     renewer.start()
     try:
