@@ -1,0 +1,88 @@
+"""Typing a statement in a statement worker: over empty views it runs on one database the worker
+makes once (a fresh DuckDB database costs ~10 ms), each typing on a connection of its own. That
+database reads nothing and keeps nothing of a typing: its views go with their connection, and
+its configuration is locked."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flight_gateway.faces.flightsql import worker as w
+
+LIMITS = {"memory_limit_mb": 256, "duckdb_memory_mb": 128, "threads": 1}
+
+
+@pytest.fixture
+def worker():
+    a, b = socket.socketpair()
+    made = w.Worker(a, LIMITS)
+    yield made
+    made.forget_typing()
+    a.close()
+    b.close()
+
+
+def _typing(sql: str, views: dict[str, str], **more: Any) -> dict[str, Any]:
+    steps = [{"sql": f"CREATE TEMP VIEW {name} AS {body}"} for name, body in views.items()]
+    return {"op": "schema", "sql": sql, "steps": steps, "files": [], "dsns": [], **more}
+
+
+def _run(worker: w.Worker, request: dict[str, Any]) -> dict[str, Any]:
+    interrupt_r, interrupt_w = os.pipe()
+    used: list[Any] = []
+    try:
+        return worker.run(request, [interrupt_r], used)
+    finally:
+        for con in used:
+            con.close()
+        os.close(interrupt_w)
+
+
+def test_typings_share_one_database_and_none_sees_anothers_views(worker, monkeypatch) -> None:
+    made: list[Any] = []
+    new = worker._new
+    monkeypatch.setattr(worker, "_new", lambda dsns: made.append(new(dsns)) or made[-1])
+    first = _typing(
+        "SELECT a + 1 AS b FROM __harness_0", {"__harness_0": "SELECT 1::INTEGER AS a WHERE false"}
+    )
+    assert "schema" in _run(worker, first)
+    second = _typing(
+        "SELECT x FROM __harness_1", {"__harness_1": "SELECT 'x'::VARCHAR AS x WHERE false"}
+    )
+    assert "schema" in _run(worker, second)
+    assert len(made) == 1  # one database for both
+    # The first typing's view went with its connection.
+    leaked = _run(worker, _typing("SELECT a FROM __harness_0", {}))
+    assert leaked["error"] == "query" and "__harness_0" in leaked["message"]
+
+
+def test_the_typing_database_reads_no_file_and_its_configuration_is_locked(
+    worker, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.csv"
+    secret.write_text("s\nhidden\n")
+    got = _run(worker, _typing(f"SELECT * FROM read_csv('{secret}')", {}))
+    assert got["error"] == "query" and "hidden" not in got["message"]
+    assert worker._typing is not None
+    con = worker.typing_connection()
+    try:
+        with pytest.raises(Exception, match="configuration"):
+            con.execute("SET enable_external_access = true")
+    finally:
+        con.close()
+
+
+def test_a_typing_over_files_servers_or_streams_gets_a_database_of_its_own() -> None:
+    assert w.typing_only(_typing("SELECT 1", {"v": "SELECT 1"}))
+    assert not w.typing_only(_typing("SELECT 1", {}, files=["/data/a.parquet"]))
+    assert not w.typing_only(_typing("SELECT 1", {}, dsns=["postgresql://h/db"]))
+    assert not w.typing_only(_typing("SELECT 1", {}, spill="/tmp/spill"))
+    streamed = _typing("SELECT 1", {})
+    streamed["steps"].append({"stream": "__stream_0", "fd": 0, "materialize": False})
+    assert not w.typing_only(streamed)
+    assert not w.typing_only({**_typing("SELECT 1", {}), "op": "run"})
