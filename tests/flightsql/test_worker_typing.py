@@ -5,11 +5,13 @@ its configuration is locked."""
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from flight_gateway.faces.flightsql import worker as w
@@ -86,3 +88,9 @@ def test_a_typing_over_files_servers_or_streams_gets_a_database_of_its_own() -> 
     streamed["steps"].append({"stream": "__stream_0", "fd": 0, "materialize": False})
     assert not w.typing_only(streamed)
     assert not w.typing_only({**_typing("SELECT 1", {}), "op": "run"})
+
+
+def test_a_typing_is_in_utc_like_the_statement_it_types(worker) -> None:
+    got = _run(worker, _typing("SELECT now() AS t", {}))
+    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(got["schema"])))
+    assert schema.field("t").type == pa.timestamp("us", tz="UTC")

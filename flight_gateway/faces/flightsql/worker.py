@@ -143,7 +143,9 @@ class Worker:
             }
         )
         try:
-            con.execute("SET TimeZone = 'UTC'")  # results do not depend on the gateway's zone
+            # Results do not depend on the gateway's zone; GLOBAL: the typing database's
+            # connections (``typing_connection``) take it too.
+            con.execute("SET GLOBAL TimeZone = 'UTC'")
             if dsns:
                 import duckdb_extensions
 
