@@ -151,3 +151,28 @@ def test_a_repeated_statement_is_parsed_and_prepared_once(tmp_path: Path) -> Non
             assert after[name]["hits"] > before[name]["hits"], name
             assert after[name]["misses"] == before[name]["misses"], name
         client.close()
+
+
+def test_a_new_statement_is_parsed_once_on_its_first_run(tmp_path: Path, monkeypatch) -> None:
+    """ADBC prepares a new text, then runs it: the handle's first typing and execution copy the
+    tree the prepare parsed (``trees``) rather than parse the text again."""
+    import duckdb
+
+    from flight_gateway.faces.flightsql import query, service
+
+    parses: list[str] = []
+    real = query.parse
+    monkeypatch.setattr(service.query, "parse", lambda sql: parses.append(sql) or real(sql))
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}") as (server, _):
+        client = client_for(server)
+        duckdb.connect().execute(
+            f"COPY (SELECT i::BIGINT AS id, 'r' || (i % 3) AS region FROM range(30) t(i)) "
+            f"TO '{tmp_path / '0.parquet'}'"
+        )
+        client.create_table("t", COLUMNS)
+        client.add_source("t", "f", "files", config={"root": str(tmp_path)},
+                          state={"files": ["0.parquet"]})  # fmt: skip
+        sql = "SELECT region, max(id) FROM t WHERE id < 20 GROUP BY region"
+        assert _rows(client.uri, sql) == [("r0", 18), ("r1", 19), ("r2", 17)]
+        assert parses == [sql]
+        client.close()
