@@ -94,3 +94,34 @@ def test_a_typing_is_in_utc_like_the_statement_it_types(worker) -> None:
     got = _run(worker, _typing("SELECT now() AS t", {}))
     schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(got["schema"])))
     assert schema.field("t").type == pa.timestamp("us", tz="UTC")
+
+
+def test_duckdb_is_asked_a_types_name_once_whatever_the_columns_around_it() -> None:
+    """Each statement's relations hold other columns of the same tables: the gateway asks
+    DuckDB's name for each Arrow field type once, with its metadata (an extension name)."""
+    from flight_gateway.faces.flightsql import engine
+
+    json_field = pa.field("j", pa.string(), metadata={"ARROW:extension:name": "arrow.json"})
+    unique = pa.decimal128(9, 3)  # a type no other test names, so not cached before
+
+    class Counting:
+        def __init__(self, con: Any) -> None:
+            self.con, self.asked = con, 0
+
+        def execute(self, sql: str) -> Any:
+            self.asked += 1
+            return self.con.execute(sql)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.con, name)
+
+    con = Counting(engine.metadata())
+    try:
+        wide = pa.schema([("a", pa.int64()), ("d", unique), ("s", pa.string()), json_field])
+        assert engine.duckdb_types(con, wide) == ["BIGINT", "DECIMAL(9,3)", "VARCHAR", "JSON"]
+        asked = con.asked
+        narrow = pa.schema([("x", unique), json_field, ("y", pa.int64())])
+        assert engine.duckdb_types(con, narrow) == ["DECIMAL(9,3)", "JSON", "BIGINT"]
+        assert con.asked == asked  # nothing new to ask
+    finally:
+        con.con.close()

@@ -105,28 +105,36 @@ def postgres_servers(relations: Sequence[TableRelation]) -> tuple[str, ...]:
 
 def duckdb_types(con: Any, schema: pa.Schema) -> list[str]:
     """DuckDB's type for each field of ``schema`` (as DuckDB maps the Arrow type). Asked once
-    per schema: typing a statement builds its views over new empty relations each time, and
-    asking cost ~2 ms per table."""
-    key = schema.serialize().to_pybytes()
+    per Arrow type, whatever the columns around it: typing a statement builds its views over
+    new empty relations each time, each statement's relations hold other columns of the same
+    tables, and asking cost ~2 ms a relation."""
+    # A field's whole description (its type, nested fields, metadata such as an extension
+    # name), not its name.
+    keys = {k: f for f in schema for k in [_type_key(f)]}
     with _TYPES_LOCK:
-        known = _TYPES.get(key)
-        if known is not None:
-            _TYPES.move_to_end(key)
-            return list(known)
-    name = "__harness_types"
-    con.register(name, schema.empty_table())
-    try:
-        types = [row[1] for row in con.execute(f"DESCRIBE {name}").fetchall()]
-    finally:
-        con.unregister(name)
-    with _TYPES_LOCK:
-        _TYPES[key] = tuple(types)
-        while len(_TYPES) > 1024:
-            _TYPES.popitem(last=False)
-    return types
+        known = {k: _TYPES[k] for k in keys if k in _TYPES}
+    missing = [k for k in keys if k not in known]
+    if missing:
+        name = "__harness_types"
+        probe = pa.schema([keys[k].with_name(f"c{i}") for i, k in enumerate(missing)])
+        con.register(name, probe.empty_table())
+        try:
+            found = [row[1] for row in con.execute(f"DESCRIBE {name}").fetchall()]
+        finally:
+            con.unregister(name)
+        known.update(zip(missing, found, strict=True))
+        with _TYPES_LOCK:
+            _TYPES.update(zip(missing, found, strict=True))
+            while len(_TYPES) > 4096:
+                _TYPES.popitem(last=False)
+    return [known[_type_key(f)] for f in schema]
 
 
-_TYPES: OrderedDict[bytes, tuple[str, ...]] = OrderedDict()
+def _type_key(field: pa.Field) -> bytes:
+    return pa.schema([field.with_name("")]).serialize().to_pybytes()
+
+
+_TYPES: OrderedDict[bytes, str] = OrderedDict()
 _TYPES_LOCK = threading.Lock()
 
 
