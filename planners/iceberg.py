@@ -421,12 +421,11 @@ class IcebergKind(SourceKind):
         for snap in lineage_after(table, _snapshot_id(src.name, src.state))[0]:
             if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == ctx.commit_id:
                 return {**src.state, "snapshot_id": snap.snapshot_id}
+        from planners.iceberg_tx import append
+
         schema = table.schema().as_arrow()
         data = fit_to_schema(rows, schema, ctx.aliases)
-        table.append(
-            data,
-            snapshot_properties=ops.write_properties(ctx.commit_id, ctx.relocation),
-        )
+        append(table, data, ops.write_properties(ctx.commit_id, ctx.relocation))
         return {**src.state, "snapshot_id": table.current_snapshot().snapshot_id}
 
     def merge(
@@ -469,6 +468,8 @@ class IcebergKind(SourceKind):
     ) -> dict[str, Any]:
         from pyiceberg.expressions import AlwaysTrue
 
+        from planners.iceberg_tx import transaction
+
         table = load_table(source.config)
         for snap in lineage_after(table, _snapshot_id(source.name, source.state))[0]:
             if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == commit_id:
@@ -476,7 +477,7 @@ class IcebergKind(SourceKind):
         props = {ops.SNAP_COMMIT_ID: commit_id}
         if relocation:
             props[ops.SNAP_RELOCATION] = "true"
-        with table.transaction() as tx:
+        with transaction(table) as tx:
             if replace:
                 tx.delete(AlwaysTrue(), snapshot_properties=props)
             if files:

@@ -64,6 +64,8 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import Record
 from pyiceberg.types import DoubleType, FloatType, LongType, NestedField, StringType
 
+from planners.iceberg_tx import transaction
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["write_changes", "write_position_deletes"]
@@ -346,7 +348,7 @@ def _commit(
 
     On a conflict pyiceberg retries by re-running the producer, which rewrites the manifests
     against the refreshed table and takes the next sequence number there."""
-    with table.transaction() as tx:
+    with transaction(table) as tx:
         producer = _RowDelta(
             operation=Operation.APPEND,  # replaced by _RowDelta._manifests
             transaction=tx,

@@ -56,6 +56,8 @@ def rewrite(
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.table import TableProperties, _parquet_files_to_data_files
 
+    from planners.iceberg_tx import transaction
+
     since, on_lineage = lineage_after(table, replaced)
     if not on_lineage:
         raise Conflict(f"source {name!r}: snapshot {replaced} is no longer an ancestor of the "
@@ -69,10 +71,10 @@ def rewrite(
     props = {ops.SNAP_COMMIT_ID: commit_id, ops.SNAP_RELOCATION: "true"}
     old = _data_files(table, replaced)
     try:
-        with table.transaction() as tx:
+        with transaction(table) as tx:
             if tx.table_metadata.name_mapping() is None:  # as pyiceberg's add_files sets it
                 mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
-                tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: mapping})
+                tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
             with tx.update_snapshot(snapshot_properties=props).overwrite() as ow:
                 for data_file in old:
                     ow.delete_data_file(data_file)

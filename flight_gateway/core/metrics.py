@@ -61,6 +61,14 @@ SQL_CACHE = Counter(
     registry=REGISTRY,
 )
 LOCKS = Counter("harness_lock_requests", "Lock requests by outcome", ["outcome"], registry=REGISTRY)
+WRITE_LEASE_SECONDS = Histogram(
+    "harness_write_lease_seconds",
+    "The gateway's own write leases (DoPut, commit_write, move): time waited for the lock, and "
+    "time held",
+    ["work", "stage"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=REGISTRY,
+)
 LOCK_EXPIRED = Counter(
     "harness_lock_expired", "Commits refused because their lock had expired", registry=REGISTRY
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,9 +23,12 @@ from flight_gateway.catalog import Catalog
 from flight_gateway.catalog.locks.watch import WATCH
 from flight_gateway.catalog.model import LockGrant
 from flight_gateway.core import tracing
+from flight_gateway.core.metrics import WRITE_LEASE_SECONDS
 from flight_gateway.protocol.errors import LockExpired
 
 log = logging.getLogger(__name__)
+#: A lease waited for or held longer than this is logged (with what held it: its owner).
+SLOW_LEASE_S = 5.0
 
 
 class _Renewer(threading.Thread):
@@ -60,6 +64,8 @@ def leased(
     # in CI), and a dead process's place in the queue is freed too.
     lock_id = uuid.uuid4().hex
     WATCH.hold(catalog.url, lock_id)
+    work = owner.partition(":")[0]
+    asked = time.monotonic()
     try:
         with tracing.span("lock.wait", table=table, sources=",".join(sources)):
             grant = catalog.lock(
@@ -68,6 +74,8 @@ def leased(
     except BaseException:
         WATCH.release(lock_id)
         raise
+    granted = time.monotonic()
+    _observe(work, "wait", granted - asked, table, sources, owner)
     renewer = _Renewer(catalog, grant.lock_id, ttl_s)
     renewer.start()
     try:
@@ -77,3 +85,13 @@ def leased(
         renewer.join()
         catalog.unlock(grant.lock_id)
         WATCH.release(grant.lock_id)
+        _observe(work, "held", time.monotonic() - granted, table, sources, owner)
+
+
+def _observe(
+    work: str, stage: str, seconds: float, table: str, sources: Sequence[str], owner: str
+) -> None:
+    WRITE_LEASE_SECONDS.labels(work, stage).observe(seconds)
+    if seconds > SLOW_LEASE_S:
+        log.info("lease of %s %s by %s: %s %.1f s", table, ",".join(sources), owner, stage,
+                 seconds)  # fmt: skip
