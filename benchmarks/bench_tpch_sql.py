@@ -326,6 +326,7 @@ def _latency(server: HarnessFlightServer, client: HarnessClient, root: Path, n: 
         ("types", server.sql.types),
         ("relations", server.sql.relations),
         ("parsed", server.sql.parsed),
+        ("trees", server.sql.trees),
         ("prepared", server.sql.prepared),
         ("rewritten", server.sql.rewritten),
         ("results", server.sql.results),
