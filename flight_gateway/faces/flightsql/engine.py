@@ -110,7 +110,8 @@ def duckdb_types(con: Any, schema: pa.Schema) -> list[str]:
     tables, and asking cost ~2 ms a relation."""
     # A field's whole description (its type, nested fields, metadata such as an extension
     # name), not its name.
-    keys = {k: f for f in schema for k in [_type_key(f)]}
+    field_keys = [_type_key(f) for f in schema]
+    keys = dict(zip(field_keys, schema, strict=True))
     with _TYPES_LOCK:
         known = {k: _TYPES[k] for k in keys if k in _TYPES}
     missing = [k for k in keys if k not in known]
@@ -127,7 +128,7 @@ def duckdb_types(con: Any, schema: pa.Schema) -> list[str]:
             _TYPES.update(zip(missing, found, strict=True))
             while len(_TYPES) > 4096:
                 _TYPES.popitem(last=False)
-    return [known[_type_key(f)] for f in schema]
+    return [known[k] for k in field_keys]
 
 
 def _type_key(field: pa.Field) -> bytes:

@@ -160,8 +160,12 @@ class Worker:
     def typing_connection(self) -> Any:
         if self._typing is None:
             con = self._new(())
-            con.execute("SET enable_external_access = false")
-            con.execute("SET lock_configuration = true")
+            try:
+                con.execute("SET enable_external_access = false")
+                con.execute("SET lock_configuration = true")
+            except BaseException:
+                con.close()
+                raise
             self._typing = con
         return self._typing.cursor()
 
