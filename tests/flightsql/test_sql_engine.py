@@ -97,11 +97,13 @@ def test_a_statement_past_its_time_fails_alone(bounded) -> None:
     assert "sql_timeout_s" in str(errors[0])
 
 
-def test_a_statement_past_its_memory_and_spill_fails_alone(bounded) -> None:
+def test_a_statement_past_its_memory_and_spill_fails_alone(bounded, tmp_path: Path) -> None:
     _, client = bounded
     big = "SELECT a.s, b.s AS t FROM numbers a JOIN numbers b ON a.i % 1000 = b.i % 1000 ORDER BY 1, 2"
     with pytest.raises(fl.FlightServerError, match=r"RESOURCE_EXHAUSTED.*sql_memory_limit_mb"):
         _statement(client.uri, big).read_all()
+    # It had spilled as far as it could; its worker was replaced and what it spilled removed.
+    assert list((tmp_path / "spill").iterdir()) == []
     assert _statement(client.uri, "SELECT count(*) AS n FROM numbers").read_all().to_pylist() == [
         {"n": 300_000}
     ]

@@ -20,9 +20,9 @@ LIMITS = {"memory_limit_mb": 256, "duckdb_memory_mb": 128, "threads": 1}
 
 
 @pytest.fixture
-def worker():
+def worker(tmp_path: Path):
     a, b = socket.socketpair()
-    made = w.Worker(a, LIMITS)
+    made = w.Worker(a, {**LIMITS, "spill_root": str(tmp_path), "spill_limit_mb": 64})
     yield made
     made.forget_typing()
     a.close()
@@ -83,11 +83,38 @@ def test_a_typing_over_files_servers_or_streams_gets_a_database_of_its_own() -> 
     assert w.typing_only(_typing("SELECT 1", {"v": "SELECT 1"}))
     assert not w.typing_only(_typing("SELECT 1", {}, files=["/data/a.parquet"]))
     assert not w.typing_only(_typing("SELECT 1", {}, dsns=["postgresql://h/db"]))
-    assert not w.typing_only(_typing("SELECT 1", {}, spill="/tmp/spill"))
     streamed = _typing("SELECT 1", {})
     streamed["steps"].append({"stream": "__stream_0", "fd": 0, "materialize": False})
     assert not w.typing_only(streamed)
     assert not w.typing_only({**_typing("SELECT 1", {}), "op": "run"})
+
+
+def test_each_database_spills_to_a_directory_of_its_own_gone_when_it_closes(
+    tmp_path: Path,
+) -> None:
+    a, b = socket.socketpair()
+    limits = {**LIMITS, "duckdb_memory_mb": 32, "spill_root": str(tmp_path), "spill_limit_mb": 512}
+    worker = w.Worker(a, limits)
+    try:
+        first, second = worker._new(()), worker._new(())
+        dirs = [
+            c.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+            for c in (first, second)
+        ]
+        assert dirs[0] != dirs[1]
+        for d in dirs:
+            assert Path(d).parent == tmp_path
+            assert Path(d).name.startswith(w.spill_prefix(os.getpid()))
+        assert list(tmp_path.iterdir()) == []  # made on the first spill only
+        first.execute("CREATE TEMP TABLE x AS SELECT range::VARCHAR AS s FROM range(3000000)")
+        first.execute("SELECT count(*) FROM (SELECT s FROM x ORDER BY s DESC)").fetchall()
+        assert [p.name for p in tmp_path.iterdir()] == [Path(dirs[0]).name]
+        first.close()
+        second.close()
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_typing_is_in_utc_like_the_statement_it_types(worker) -> None:

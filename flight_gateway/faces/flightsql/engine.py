@@ -8,7 +8,9 @@ through a pipe). The worker creates them, then switches external access off (``a
 exactly the pinned files; ``allowed_directories``: the spill directory) and locks the
 configuration, so the caller's SQL cannot read files, attach databases, load extensions or
 change a setting. Each statement gets a fresh DuckDB database there with its memory limit,
-spilling to a per-statement directory (removed afterwards), threads and UTC session time zone.
+threads, UTC session time zone and a spill directory of its own (``harness-sql-<worker pid>-<n>``
+under ``limits.sql_temp_dir``: DuckDB creates it on the first spill and removes it when the
+database closes; the gateway removes a killed worker's).
 
 Building needs DuckDB too (Parquet footers, DuckDB's name for an Arrow type), but only on the
 harness's own files and schemas: the gateway keeps one such database (``metadata()``), on which
@@ -58,11 +60,13 @@ SMALL_SCAN_ROWS = 100_000
 
 def worker_limits(limits: SqlLimits) -> WorkerLimits:
     """What a statement worker is started with: the hard bound (``SqlLimits.hard_limit_mb``),
-    DuckDB's own limit, threads."""
+    DuckDB's own limit, threads, where and how far its statements may spill."""
     return WorkerLimits(
         memory_limit_mb=limits.hard_limit_mb,
         duckdb_memory_mb=int(limits.memory_limit_mb),
         threads=int(limits.threads) or (os.cpu_count() or 1),
+        spill_root=os.path.abspath(limits.temp_dir or tempfile.gettempdir()),
+        spill_limit_mb=int(limits.spill_limit_mb),
     )
 
 
@@ -313,10 +317,6 @@ def secrets_of(dsns: Sequence[str]) -> list[str]:
 
 
 _PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
-
-
-def spill_directory(limits: SqlLimits) -> str:
-    return tempfile.mkdtemp(prefix="harness-sql-", dir=limits.temp_dir)
 
 
 def translate(

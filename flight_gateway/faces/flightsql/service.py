@@ -276,7 +276,6 @@ class FlightSqlService:
             plan,
             op,
             timeout_s=self.limits.timeout_s,
-            spill_limit_mb=self.limits.spill_limit_mb,
             batch_rows=engine.BATCH_ROWS,
             translate=translate,
         )
@@ -329,7 +328,6 @@ class FlightSqlService:
             plan = engine.build(sql, rels, stmt.again)
         except Exception as e:  # the sources failed, not the caller's SQL
             raise engine.source_failure(e) from None
-        plan.spill = engine.spill_directory(self.limits)
         names = [r.table for r in rels]
         report = {
             (r.table if names.count(r.table) == 1 else f"{r.table}@{r.version}"): r.report()

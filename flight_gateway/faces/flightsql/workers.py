@@ -54,6 +54,10 @@ class WorkerLimits:
     memory_limit_mb: int  # hard: the worker's size at start plus this
     duckdb_memory_mb: int  # DuckDB's buffer manager spills past this
     threads: int
+    #: Each database of the worker spills to ``<spill_root>/harness-sql-<pid>-<n>``, at most
+    #: ``spill_limit_mb``.
+    spill_root: str
+    spill_limit_mb: int
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -68,6 +72,7 @@ class Worker:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"}
         cmd = [sys.executable, "-m", "flight_gateway.faces.flightsql.worker", str(child.fileno())]
+        self.limits = limits
         self.proc = subprocess.Popen(
             [*cmd, limits.to_json()], pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL
         )
@@ -115,6 +120,13 @@ class Worker:
         with contextlib.suppress(Exception):
             self.proc.wait(5)
         self.sock.close()
+        # What its databases had spilled: DuckDB removes a database's directory when the
+        # database closes, which a killed worker's never did.
+        prefix = protocol.spill_prefix(self.pid)
+        with contextlib.suppress(OSError), os.scandir(self.limits.spill_root) as entries:
+            for entry in entries:
+                if entry.name.startswith(prefix):
+                    shutil.rmtree(entry.path, ignore_errors=True)
 
     def rss(self) -> int:
         try:
@@ -216,17 +228,14 @@ class Plan:
     streams: list[Callable[[], pa.RecordBatchReader]] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     dsns: tuple[str, ...] = ()
-    spill: str | None = None
 
-    def request(self, op: str, spill_limit_mb: int, batch_rows: int) -> dict[str, Any]:
+    def request(self, op: str, batch_rows: int) -> dict[str, Any]:
         return {
             "op": op,
             "sql": self.sql,
             "steps": self.steps,
             "files": self.files,
             "dsns": list(self.dsns),
-            "spill": self.spill,
-            "spill_limit_mb": spill_limit_mb,
             "batch_rows": batch_rows,
         }
 
@@ -289,7 +298,6 @@ class Execution:
         op: str,
         *,
         timeout_s: float,
-        spill_limit_mb: int,
         batch_rows: int,
         translate: Callable[[str, str], BaseException],
     ) -> None:
@@ -312,7 +320,7 @@ class Execution:
                 r, w = _pipe()
                 fds.append(r)
                 self.feeders.append(_Feeder(open_, w))
-            self.worker.ask(plan.request(op, spill_limit_mb, batch_rows), fds)
+            self.worker.ask(plan.request(op, batch_rows), fds)
         except BaseException as e:
             _close(*fds)
             for f in self.feeders:
@@ -402,8 +410,6 @@ class Execution:
         for f in self.feeders:
             f.join(GRACE_S)
         self.pool.give_back(self.worker, healthy)
-        if self.plan.spill:
-            shutil.rmtree(self.plan.spill, ignore_errors=True)
 
     def _close_source(self) -> None:
         source, self.source = self.source, None
