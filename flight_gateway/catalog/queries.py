@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, func, select
+from sqlalchemy import Connection, Engine, Row, bindparam, func, select
 
 from flight_gateway.catalog.db import read_tx, schemas, sources, tables, versions
 from flight_gateway.catalog.in_force import kv_at, sources_at
@@ -140,13 +140,20 @@ def head(engine: Engine, name: str, as_of: float | None = None) -> TableHead:
         return TableHead(int(t.id), int(t.current_version), int(t.min_version), at)
 
 
+#: ``heads``' first statement, built once: each Flight SQL statement asks it twice (pinning,
+#: then checking its pins when it runs), and building and compiling it cost more than sqlite
+#: running it (0.17 -> 0.08 ms).
+_HEADS = select(tables.c.id, tables.c.name, tables.c.current_version, tables.c.min_version).where(
+    tables.c.name.in_(bindparam("names", expanding=True))
+)
+
+
 def heads(engine: Engine, names: Sequence[str], as_of: float | None = None) -> dict[str, TableHead]:
     """``head`` of several tables in one read: two statements whatever their number (a
     statement naming many tables pins them all at one moment)."""
     wanted = list(dict.fromkeys(names))
     with read_tx(engine) as conn:
-        q = select(tables.c.id, tables.c.name, tables.c.current_version, tables.c.min_version)
-        rows = {r.name: r for r in conn.execute(q.where(tables.c.name.in_(wanted)))}
+        rows = {r.name: r for r in conn.execute(_HEADS, {"names": wanted})}
         missing = [n for n in wanted if n not in rows]
         if missing:
             raise NotFound(f"table {missing[0]!r} does not exist")

@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from flight_gateway.faces.flightsql import worker as protocol
+from flight_gateway.faces.flightsql.deadlines import Deadline, Deadlines
 from flight_gateway.protocol.errors import (
     Cancelled,
     HarnessError,
@@ -45,6 +46,8 @@ RECYCLE_MB = 256
 GRACE_S = 10.0
 PIPE_BYTES = 1 << 20
 START_TIMEOUT_S = 60.0
+#: Every statement's time limit (``Execution.interrupt`` only writes to a pipe: it never blocks).
+DEADLINES = Deadlines()
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,10 @@ class Execution:
         translate: Callable[[str, str], BaseException],
     ) -> None:
         self.pool, self.plan, self.translate = pool, plan, translate
+        # Before anything can fail: ``_died`` reads them.
+        self.timed_out = False
+        self.cancelled = False
+        self.timer: Deadline | None = None
         self.worker = pool.take()
         self._done = False
         self._finishing = threading.Lock()
@@ -332,11 +339,7 @@ class Execution:
         _close(*fds)  # the worker has its own copies now
         for f in self.feeders:
             f.start()
-        self.timer = threading.Timer(timeout_s, self.interrupt)
-        self.timer.daemon = True
-        self.timer.start()
-        self.timed_out = False
-        self.cancelled = False
+        self.timer = DEADLINES.after(timeout_s, self.interrupt)
 
     def cancel(self) -> None:
         """The caller cancelled the statement: stop it; its stream ends with CANCELLED."""
@@ -398,9 +401,8 @@ class Execution:
             if self._done:
                 return
             self._done = True
-        timer = getattr(self, "timer", None)
-        if timer is not None:
-            timer.cancel()
+        if self.timer is not None:
+            DEADLINES.cancel(self.timer)
         if self.result_r is not None:
             _close(self.result_r)
             self.result_r = None
