@@ -152,3 +152,37 @@ def test_duckdb_is_asked_a_types_name_once_whatever_the_columns_around_it() -> N
         assert con.asked == asked  # nothing new to ask
     finally:
         con.con.close()
+
+
+def test_spares_are_kept_for_the_latest_server_sets_each(tmp_path: Path, monkeypatch) -> None:
+    """Statements over PostgreSQL sources and statements over files alone, in turns, each find
+    a database made ahead for them (attaching a server costs ~80 ms); the sets used longest ago
+    give their databases up."""
+    a, b = socket.socketpair()
+    worker = w.Worker(a, {**LIMITS, "spill_root": str(tmp_path), "spill_limit_mb": 64})
+
+    class Database:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    made: list[tuple[tuple[str, ...], Database]] = []
+    monkeypatch.setattr(
+        worker, "_new", lambda dsns: made.append((tuple(dsns), Database())) or made[-1][1]
+    )
+    try:
+        worker._refill(())
+        worker._refill(("pg-a",))
+        assert [k for k, _ in made] == [(), (), ("pg-a",), ("pg-a",)]
+        files_only = worker.connect(())  # the set used before the last still has its spares
+        assert files_only in [db for k, db in made if k == ()]
+        assert worker.connect(("pg-a",)) in [db for k, db in made if k == ("pg-a",)]
+        assert len(made) == 4  # neither made on the statement's path
+        worker._refill(("pg-b",))  # a third set: the one used longest ago gives its spare up
+        left = [db for k, db in made if k == () and db is not files_only]
+        assert len(left) == 1 and left[0].closed
+        assert set(worker.spares) == {("pg-a",), ("pg-b",)}
+    finally:
+        a.close()
+        b.close()

@@ -29,6 +29,7 @@ import struct
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,8 +40,11 @@ MAX_FDS = 256
 PIPE_BUFFER = 1 << 20
 #: A spare database (its PostgreSQL servers attached: about 80 ms each) is kept this long.
 SPARE_IDLE_S = 60.0
-#: Spare databases a worker keeps ready.
+#: Spare databases a worker keeps ready for each set of servers...
 SPARES = 2
+#: ... of the sets its latest statements attached (a statement over PostgreSQL sources and one
+#: over files alone, in turns, each find theirs: attaching a server costs ~80 ms).
+SPARE_KEYS = 2
 #: A statement that took less than this has its database closed after its answer.
 QUICK_S = 0.05
 
@@ -108,9 +112,9 @@ class Worker:
         self.duckdb = duckdb
         self.sock = sock
         self.limits = limits
-        #: Databases made ahead for the next statements, all for the servers ``spare_key``.
-        self.spares: list[tuple[float, Any]] = []
-        self.spare_key: tuple[str, ...] = ()
+        #: Databases made ahead for the next statements (when made, the database) by the
+        #: servers they attach, the set used last at the end.
+        self.spares: OrderedDict[tuple[str, ...], list[tuple[float, Any]]] = OrderedDict()
         self._spare_lock = threading.Lock()
         self._made = 0  # databases made so far: each spills to a directory of its own
         self._closing: queue.SimpleQueue[list[Any]] | None = None
@@ -128,10 +132,9 @@ class Worker:
         stale: list[Any] = []
         con = None
         with self._spare_lock:
-            if key != self.spare_key:
-                stale, self.spares = [c for _, c in self.spares], []
-            while self.spares and con is None:
-                made, c = self.spares.pop()
+            ready = self.spares.get(key, [])
+            while ready and con is None:
+                made, c = ready.pop()
                 if now - made < SPARE_IDLE_S:
                     con = c
                 else:
@@ -223,23 +226,24 @@ class Worker:
 
     def _refill(self, dsns: tuple[str, ...]) -> None:
         with self._spare_lock:
-            if dsns != self.spare_key:
-                stale, self.spares, self.spare_key = self.spares, [], dsns
-            else:
-                stale = []
+            self.spares.setdefault(dsns, [])
+            self.spares.move_to_end(dsns)
+            stale = []
+            while len(self.spares) > SPARE_KEYS:
+                stale += self.spares.popitem(last=False)[1]
         for _, c in stale:
             c.close()
         while True:
             with self._spare_lock:
-                if len(self.spares) >= SPARES or self.spare_key != dsns:
+                if len(self.spares.get(dsns, ())) >= SPARES:
                     return
             try:
                 con = self._new(dsns)
             except Exception:  # the next statement reports it when it needs the servers
                 return
             with self._spare_lock:
-                if self.spare_key == dsns:
-                    self.spares.insert(0, (time.monotonic(), con))
+                if dsns in self.spares:  # not dropped for other sets meanwhile
+                    self.spares[dsns].insert(0, (time.monotonic(), con))
                     con = None
             if con is not None:
                 con.close()
