@@ -6,6 +6,9 @@ State: ``{"snapshot_id": int}``. Projection and the whole predicate go into the 
 identifiers, bound parameters), so DuckDB filters exactly and streams Arrow batches.
 Schema changes: ``ALTER TABLE`` (additive part only). Writes (DoPut, moves): appends and
 merges by key, one snapshot each, idempotent by commit id (kept in the snapshot's commit info).
+A pinned snapshot is its data files in place (``layout``, DESIGN §16) when they hold exactly its
+rows: no delete files, no rows or deletes ever inlined in the metadata, no partitioning, no
+column default older files would read as; otherwise the gateway slices it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from planners.kind import (
     SourceKind,
     SourceRef,
 )
+from planners.layout import FileLayout, LaidFile, as_uri
 from planners.predicates import quote_ident, to_sql
 from planners.sqltypes import sql_type
 
@@ -129,6 +133,96 @@ def _files(con: Any, config: Mapping[str, Any], snap: int) -> list[str]:
     return [f for row in rows for f in row if f]
 
 
+_META = "__ducklake_metadata_lake"  # DuckLake's own tables, for the lake attached as ``lake``
+_LIVE = "begin_snapshot <= $snap AND (end_snapshot IS NULL OR end_snapshot > $snap)"
+
+
+def _table_id(con: Any, config: Mapping[str, Any], snap: int) -> int | None:
+    row = con.execute(
+        f"SELECT t.table_id FROM {_META}.ducklake_table t JOIN {_META}.ducklake_schema s "
+        "ON s.schema_id = t.schema_id WHERE s.schema_name = $schema AND t.table_name = $table "
+        "AND s.begin_snapshot <= $snap AND (s.end_snapshot IS NULL OR s.end_snapshot > $snap) "
+        "AND t.begin_snapshot <= $snap AND (t.end_snapshot IS NULL OR t.end_snapshot > $snap)",
+        {"snap": snap, "schema": str(config.get("schema", "main")),
+         "table": str(config.get("table"))},
+    ).fetchone()  # fmt: skip
+    return None if row is None else int(row[0])
+
+
+def _why_not_in_place(con: Any, table_id: int, snap: int) -> str | None:
+    """Why the table's data files at ``snap`` are not exactly its rows, or None."""
+    for (changes,) in con.execute(
+        "SELECT changes FROM lake.snapshots() WHERE snapshot_id <= ?", [snap]
+    ).fetchall():
+        for change in ("inlined_insert", "inlined_delete"):
+            if str(table_id) in ((changes or {}).get(change) or []):
+                return "rows or deletes were inlined in the metadata"
+    partitioned = con.execute(
+        f"SELECT count(*) FROM {_META}.ducklake_partition_info WHERE table_id = $t AND {_LIVE}",
+        {"t": table_id, "snap": snap},
+    ).fetchone()[0]
+    if partitioned:
+        return "partitioned"
+    defaults = con.execute(
+        f"SELECT count(*) FROM {_META}.ducklake_column WHERE table_id = $t AND {_LIVE} "
+        "AND initial_default IS NOT NULL",
+        {"t": table_id, "snap": snap},
+    ).fetchone()[0]
+    return "a column has a default older files read as" if defaults else None
+
+
+def _column_ids(con: Any, table_id: int, snap: int) -> tuple[dict[str, int], frozenset[int]]:
+    """Top-level column name -> DuckLake column id (the files' field id) at ``snap``, and
+    every column id the table ever had."""
+    live = con.execute(
+        f"SELECT column_name, column_id FROM {_META}.ducklake_column WHERE table_id = $t "
+        f"AND parent_column IS NULL AND {_LIVE}",
+        {"t": table_id, "snap": snap},
+    ).fetchall()
+    ever = con.execute(
+        f"SELECT DISTINCT column_id FROM {_META}.ducklake_column WHERE table_id = ?", [table_id]
+    ).fetchall()
+    return {str(n): int(i) for n, i in live}, frozenset(int(i) for (i,) in ever)
+
+
+def _layout(con: Any, request: ScanRequest, snap: int) -> FileLayout | None:
+    config = request.source.config
+    table_id = _table_id(con, config, snap)
+    if table_id is None or _why_not_in_place(con, table_id, snap) is not None:
+        return None
+    listed = con.execute(
+        "SELECT data_file, data_file_size_bytes, delete_file FROM ducklake_list_files('lake', "
+        "?, schema => ?, snapshot_version => ?) ORDER BY data_file",
+        [str(config.get("table")), str(config.get("schema", "main")), snap],
+    ).fetchall()
+    if any(delete for _, _, delete in listed):
+        return None  # deletes as delete files: made a slice of instead
+    paths = [str(p) for p, _, _ in listed]
+    request.check_files("data file", paths)
+    counts: dict[str, int] = {}
+    if paths:
+        counts = dict(
+            con.execute(
+                "SELECT file_name, num_rows FROM parquet_file_metadata(?::VARCHAR[])", [paths]
+            ).fetchall()
+        )
+    at = f"{table_ref(config)} AT (VERSION => {int(snap)})"
+    (total,) = con.execute(f"SELECT count(*) FROM {at}").fetchone()
+    if sum(counts.values()) != total:  # rows the files do not hold, or hold and are gone
+        return None
+    schema = con.execute(f"SELECT * FROM {at} LIMIT 0").arrow().schema
+    mapping = physical_names(request.columns, schema.names)
+    ids, ever = _column_ids(con, table_id, snap)
+    files = tuple(LaidFile(as_uri(p), int(size), int(counts[p])) for p, size, _ in listed)
+    return FileLayout(
+        files,
+        {c: (p, schema.field(p).type) for c, p in mapping.items()},
+        field_ids={c: ids[p] for c, p in mapping.items() if p in ids},
+        file_ids=ever,
+        other_names=frozenset(set(schema.names) - set(mapping.values())),
+    )
+
+
 class DuckLakeKind(SourceKind):
     config_model = DuckLakeConfig
     keyed_store = True
@@ -154,6 +248,20 @@ class DuckLakeKind(SourceKind):
         if _snapshot(src.name, src.state) is None:
             return []
         return [ScanTask(src.name, {}, exact_filter=True)]
+
+    def layout(self, request: ScanRequest) -> FileLayout | None:
+        """The pinned snapshot's data files in place, columns by DuckLake's column ids (the
+        files' field ids); None when the files are not exactly its rows (``_layout``)."""
+        src = request.source
+        snap = _snapshot(src.name, src.state)
+        if snap is None:
+            return FileLayout((), {})
+        self.parse_config(src)
+        con = connect(src.config)
+        try:
+            return _layout(con, request, snap)
+        finally:
+            con.close()
 
     def read(self, request: ScanRequest, task: ScanTask) -> pa.RecordBatchReader:
         src = request.source

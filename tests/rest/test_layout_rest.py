@@ -23,7 +23,13 @@ import pyarrow as pa
 import pytest
 
 from planners.iceberg_deletes import write_changes, write_position_deletes
-from tests.gateway.helpers import IcebergFixture, client_for, running_gateway, write_parquet
+from tests.gateway.helpers import (
+    DuckLakeFixture,
+    IcebergFixture,
+    client_for,
+    running_gateway,
+    write_parquet,
+)
 from tests.gateway.kafka_helpers import new_topic, produce
 from tests.rest.helpers import duckdb_rows, get, pyiceberg_catalog, rows, versioned_pg_table
 
@@ -96,6 +102,45 @@ def test_cold_sources_are_read_where_they_are(tmp_path: Path) -> None:
         _independent_reads(uri, client, v1)
         _independent_reads(uri, client, v2)
         assert _slices(tmp_path / "rest") == []
+        client.close()
+
+
+def test_ducklake_snapshots_are_read_where_they_are_unless_rows_were_inlined(
+    tmp_path: Path,
+) -> None:
+    """A DuckLake snapshot is its data files in place, columns by DuckLake's column ids (the
+    files' field ids: a column renamed in both still reads from its older files); once rows
+    were inlined in the lake's metadata, its files are not all its rows and it is sliced."""
+    lake = DuckLakeFixture(tmp_path / "lake")
+    many = "INSERT INTO lake.r SELECT range, 'r' || range FROM range({}, {})"
+    first = lake.execute("CREATE TABLE lake.r (id BIGINT, region VARCHAR)", many.format(0, 500))
+    with _gateway(tmp_path) as (server, _):
+        client = client_for(server)
+        client.create_table("t", [{"name": "id", "type": "int64"}, {"name": "region", "type": "string"}])  # fmt: skip
+        v1 = client.add_source("t", "l", "ducklake", config=lake.source_config("r"),
+                               state={"snapshot_id": first})  # fmt: skip
+        uri = f"http://127.0.0.1:{server.rest.port}"
+        _independent_reads(uri, client, v1)
+        assert _slices(tmp_path / "rest") == []  # nothing copied
+        renamed = lake.execute("ALTER TABLE lake.r RENAME COLUMN region TO zone",
+                               many.format(500, 1000))  # fmt: skip
+        client.evolve_schema("t", [{"op": "rename_column", "name": "region", "new_name": "zone"}])
+        client.commit("t", updates=[{"source": "l", "state": {"snapshot_id": renamed}}])
+        cols = ["id", "zone"]
+        expected = rows(client.read("t"), cols)
+        assert expected[0] == (0, "r0") and expected[-1] == (999, "r999")
+        assert len(expected) == 1000
+        table = pyiceberg_catalog(uri).load_table("harness.t")
+        assert rows(table.scan().to_arrow(), cols) == expected
+        assert duckdb_rows(uri, "t", cols) == expected
+        assert _slices(tmp_path / "rest") == []
+        inlined = lake.execute("INSERT INTO lake.r VALUES (1000, 'r1000')")  # a few rows: inlined
+        client.commit("t", updates=[{"source": "l", "state": {"snapshot_id": inlined}}])
+        expected = rows(client.read("t"), cols)
+        assert expected[-1] == (1000, "r1000") and len(expected) == 1001
+        assert duckdb_rows(uri, "t", cols) == expected
+        assert _slices(tmp_path / "rest") != []
+        _independent_reads(uri, client, v1)
         client.close()
 
 

@@ -1,0 +1,72 @@
+"""A DuckLake snapshot as its data files in place (DESIGN §16) only when those files are exactly
+its rows; every other snapshot is left to a slice. DuckDB's own DuckLake read is the oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from planners.ducklake import DuckLakeKind, connect
+from planners.kind import ColumnSpec, ScanRequest, SourceRef
+from tests.gateway.helpers import DuckLakeFixture
+
+COLUMNS = (ColumnSpec(1, "id", "int64"), ColumnSpec(2, "region", "string"))
+MANY = "INSERT INTO lake.r SELECT range, 'r' || range FROM range({}, {})"
+
+
+def _request(lake: DuckLakeFixture, snap: int) -> ScanRequest:
+    source = SourceRef("l", "ducklake", lake.source_config("r"), {}, {"snapshot_id": snap})
+    return ScanRequest(source, COLUMNS)
+
+
+def _lake_rows(lake: DuckLakeFixture, snap: int) -> list[tuple]:
+    con = connect(lake.config)
+    try:
+        return sorted(
+            con.execute(f"SELECT id, region FROM lake.r AT (VERSION => {snap})").fetchall()
+        )
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> DuckLakeFixture:
+    lake = DuckLakeFixture(tmp_path / "lake")
+    lake.execute("CREATE TABLE lake.r (id BIGINT, region VARCHAR)")
+    return lake
+
+
+def test_files_in_place_hold_exactly_the_snapshots_rows(lake: DuckLakeFixture) -> None:
+    lake.execute(MANY.format(0, 300))
+    snap = lake.execute(MANY.format(300, 600))
+    laid = DuckLakeKind().layout(_request(lake, snap))
+    assert laid is not None and len(laid.files) == 2
+    assert laid.field_ids == {"id": 1, "region": 2}
+    assert sum(f.record_count for f in laid.files) == 600
+    paths = [f.path.removeprefix("file://") for f in laid.files]
+    got = duckdb.connect().execute(f"SELECT id, region FROM read_parquet({paths!r})").fetchall()
+    assert sorted(got) == _lake_rows(lake, snap)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "INSERT INTO lake.r VALUES (1000, 'x')",  # a few rows: inlined in the metadata
+        "DELETE FROM lake.r WHERE id = 5",  # one row: an inlined delete
+        "DELETE FROM lake.r WHERE id < 200",  # a delete file
+        "ALTER TABLE lake.r ADD COLUMN score BIGINT DEFAULT 7",  # older files read as 7
+    ],
+)
+def test_a_snapshot_its_files_do_not_hold_exactly_is_left_to_a_slice(
+    lake: DuckLakeFixture, change: str
+) -> None:
+    lake.execute(MANY.format(0, 300))
+    snap = lake.execute(change)
+    assert DuckLakeKind().layout(_request(lake, snap)) is None
+
+
+def test_a_partitioned_table_is_left_to_a_slice(lake: DuckLakeFixture) -> None:
+    snap = lake.execute("ALTER TABLE lake.r SET PARTITIONED BY (region)", MANY.format(0, 300))
+    assert DuckLakeKind().layout(_request(lake, snap)) is None
