@@ -176,3 +176,38 @@ def test_a_new_statement_is_parsed_once_on_its_first_run(tmp_path: Path, monkeyp
         assert _rows(client.uri, sql) == [("r0", 18), ("r1", 19), ("r2", 17)]
         assert parses == [sql]
         client.close()
+
+
+def test_a_sources_files_in_place_are_listed_once_per_pinned_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each new relation of a version (other columns, another filter) is planned anew, but a
+    source's files in place at its pinned state are asked of its kind once (DuckLake's answer
+    costs ~0.2 s: its metadata attached and read)."""
+    from planners.ducklake import DuckLakeKind
+    from tests.gateway.helpers import DuckLakeFixture
+
+    lake = DuckLakeFixture(tmp_path / "lake")
+    snap = lake.execute(
+        "CREATE TABLE lake.r (id BIGINT, region VARCHAR)",
+        "INSERT INTO lake.r SELECT range, 'r' || (range % 3) FROM range(1000)",
+    )
+    asked: list[int] = []
+    layout = DuckLakeKind.layout
+    monkeypatch.setattr(
+        DuckLakeKind, "layout", lambda self, req: asked.append(1) or layout(self, req)
+    )
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}",
+                         iceberg_rest_dir=str(tmp_path / "slices")) as (server, _):  # fmt: skip
+        client = client_for(server)
+        client.create_table("t", COLUMNS)
+        client.add_source("t", "l", "ducklake", config=lake.source_config("r"),
+                          state={"snapshot_id": snap})  # fmt: skip
+        assert _rows(client.uri, "SELECT count(*) FROM t") == [(1000,)]
+        assert _rows(client.uri, "SELECT max(id) FROM t WHERE region = 'r1'") == [(997,)]
+        assert _rows(client.uri, "SELECT region, count(*) FROM t GROUP BY region") == [
+            ("r0", 334), ("r1", 333), ("r2", 333)
+        ]  # fmt: skip
+        assert len(asked) == 1
+        assert not list((tmp_path / "slices").rglob("*.parquet"))  # read in place
+        client.close()

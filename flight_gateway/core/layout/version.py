@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -79,6 +81,12 @@ class Layouts:
 
     def __init__(self, gw: Gateway, store: SliceStore) -> None:
         self.gw, self.store = gw, store
+        #: What a kind's ``layout`` answered per source identity and pinned state: files in
+        #: place (nothing of the store in them), or None (sliced). A pinned state never
+        #: changes, and each relation of a statement asks again (DuckLake's answer costs
+        #: ~0.2 s: its metadata attached and read).
+        self._laid: OrderedDict[str, SourceFiles | None] = OrderedDict()
+        self._laid_lock = threading.Lock()
 
     def layout(
         self,
@@ -130,12 +138,18 @@ class Layouts:
     ) -> tuple[SourceFiles, list[str]]:
         kind, ref = bind(self.gw, snap, name)
         identity = self._identity(snap, name, columns)
-        if isinstance(kind, LaysOutFiles):
+        memo = digest(identity, ref.state)
+        with self._laid_lock:
+            known = memo in self._laid
+            laid_before = self._laid.get(memo)
+        if laid_before is not None:
+            return laid_before, []
+        if isinstance(kind, LaysOutFiles) and not known:
             request = scan_request(self.gw, snap.table, ref, columns, None, None)
             laid = kind.layout(request)
             why = misfit(laid, columns) if laid is not None else "its kind cannot lay it out"
             if laid is not None and why is None:
-                key = digest(identity, ref.state)
+                key = memo
                 deletes = tuple(f for f in laid.files if f.content == POSITION_DELETES)
                 data = tuple(f for f in laid.files if f.content != POSITION_DELETES)
                 used: list[str] = []
@@ -143,8 +157,12 @@ class Layouts:
                     art = self._positions(snap, key, laid.deleted, slot)
                     deletes += tuple(_laid(f, POSITION_DELETES) for f in art.files)
                     used.append(art.key)
-                return SourceFiles(name, key, data, deletes, True, laid.other_names), used
+                in_place = SourceFiles(name, key, data, deletes, True, laid.other_names)
+                if not used:  # what the store holds may be swept: asked for each time
+                    self._remember(memo, in_place)
+                return in_place, used
             log.info("layout: %s/%s made a slice of: %s", snap.table, name, why)
+            self._remember(memo, None)
         family = f"p-{identity[:24]}"
         states: Sequence[Mapping[str, Any]] = [ref.state]
         if isinstance(kind, Slices):
@@ -153,6 +171,13 @@ class Layouts:
         files = tuple(_laid(f) for a in arts for f in a.files)
         key = digest(identity, [a.key for a in arts])
         return SourceFiles(name, key, files), [a.key for a in arts]
+
+    def _remember(self, memo: str, files: SourceFiles | None) -> None:
+        with self._laid_lock:
+            self._laid[memo] = files
+            self._laid.move_to_end(memo)
+            while len(self._laid) > 1024:
+                self._laid.popitem(last=False)
 
     def _piece(
         self,
