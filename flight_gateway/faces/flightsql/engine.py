@@ -60,12 +60,15 @@ SMALL_SCAN_ROWS = 100_000
 
 def worker_limits(limits: SqlLimits) -> WorkerLimits:
     """What a statement worker is started with: the hard bound (``SqlLimits.hard_limit_mb``),
-    DuckDB's own limit, threads, where and how far its statements may spill."""
+    DuckDB's own limit, threads, where and how far its statements may spill (the directory
+    made if missing: DuckDB makes only the last level, on a statement's first spill)."""
+    root = os.path.abspath(limits.temp_dir or tempfile.gettempdir())
+    os.makedirs(root, mode=0o700, exist_ok=True)
     return WorkerLimits(
         memory_limit_mb=limits.hard_limit_mb,
         duckdb_memory_mb=int(limits.memory_limit_mb),
         threads=int(limits.threads) or (os.cpu_count() or 1),
-        spill_root=os.path.abspath(limits.temp_dir or tempfile.gettempdir()),
+        spill_root=root,
         spill_limit_mb=int(limits.spill_limit_mb),
     )
 
