@@ -186,3 +186,33 @@ def test_spares_are_kept_for_the_latest_server_sets_each(tmp_path: Path, monkeyp
     finally:
         a.close()
         b.close()
+
+
+def test_the_databases_a_worker_keeps_leave_a_statement_its_whole_allowance(
+    tmp_path: Path,
+) -> None:
+    """The memory bound of a worker process counts the databases it keeps between statements
+    (spares, the typing database: ~10 MB each) as its own: a statement still has its whole
+    allowance once they are made."""
+    import time
+
+    from flight_gateway.faces.flightsql.workers import Worker, WorkerLimits
+
+    allowance_mb = 64
+    limits = WorkerLimits(memory_limit_mb=allowance_mb, duckdb_memory_mb=32, threads=2,
+                          spill_root=str(tmp_path), spill_limit_mb=64)  # fmt: skip
+    proc = Worker(limits)
+    try:
+        sizes: list[int] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until its spares are made
+            with open(f"/proc/{proc.pid}/status") as f:
+                line = next(x for x in f if x.startswith("VmData:"))
+            sizes.append(int(line.split()[1]) * 1024)
+            if len(sizes) > 10 and sizes[-1] == sizes[-10]:
+                break
+            time.sleep(0.1)
+        assert sizes[-1] > sizes[0]  # the spares were made after the bound was set
+        assert proc.data_limit - sizes[-1] >= allowance_mb << 20
+    finally:
+        proc.kill()

@@ -45,6 +45,8 @@ SPARES = 2
 #: ... of the sets its latest statements attached (a statement over PostgreSQL sources and one
 #: over files alone, in turns, each find theirs: attaching a server costs ~80 ms).
 SPARE_KEYS = 2
+#: Databases a worker may keep between statements: its spares and the typing database.
+KEPT_DATABASES = SPARES * SPARE_KEYS + 1
 #: A statement that took less than this has its database closed after its answer.
 QUICK_S = 0.05
 
@@ -425,9 +427,10 @@ def _close_fd(fd: int) -> None:
         os.close(fd)
 
 
-def _bound_memory(headroom_mb: int) -> int:
-    """Cap the data segment at what the worker uses now plus the statement's allowance."""
-    limit = _status()["VmData"] + (int(headroom_mb) << 20)
+def _bound_memory(headroom_mb: int, kept: int = 0) -> int:
+    """Cap the data segment at what the worker uses now, the databases it keeps (``kept``
+    bytes) and the statement's allowance."""
+    limit = _status()["VmData"] + kept + (int(headroom_mb) << 20)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     return limit
 
@@ -446,8 +449,15 @@ def main(argv: Sequence[str]) -> int:
     import duckdb_extensions
 
     duckdb_extensions.import_extension("postgres", con=con)
+    # The databases a worker keeps between statements (spares, the typing database) are its
+    # own, not a statement's: ~10 MB of data segment each (DuckDB's threads' stacks, its
+    # catalog), which the bound must not take from a statement's allowance.
+    before = _status()["VmData"]
+    probe = worker._new(())
+    kept = max(0, _status()["VmData"] - before) * KEPT_DATABASES
+    probe.close()
     con.close()
-    limit = _bound_memory(int(limits["memory_limit_mb"]))
+    limit = _bound_memory(int(limits["memory_limit_mb"]), kept)
     send(sock, {"ready": os.getpid(), "data_limit": limit, **_status()})
     worker.serve()
     return 0
