@@ -24,11 +24,13 @@ class SqlLimits:
     @property
     def hard_limit_mb(self) -> int:
         """What one statement may allocate in all, past its worker's own size: DuckDB's buffers
-        (``memory_limit_mb``, spilling past it) and a quarter more, at least 64 MB, for what
+        (``memory_limit_mb``, spilling past it) and a quarter more, at least 192 MB, for what
         DuckDB does not count (strings computed in expressions, result batches on their way
-        out). A result of 300,000 short rows streamed out needed more than 64 MB at 64 MB for
-        DuckDB and 64 in all."""
-        return int(self.memory_limit_mb) + max(64, int(self.memory_limit_mb) // 4)
+        out, its allocator's arenas and buffers while it spills). A result of 300,000 short
+        rows streamed out needed more than 64 MB at 64 MB for DuckDB and 64 in all; a hash
+        join of 3 M strings spilling at 256 MB grew a fresh process's data segment by 330-420
+        MB (1-4 threads), so 64 MB more failed every statement that had to spill there."""
+        return int(self.memory_limit_mb) + max(192, int(self.memory_limit_mb) // 4)
 
 
 @dataclass(frozen=True)

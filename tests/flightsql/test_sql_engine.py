@@ -74,6 +74,35 @@ def test_results_stream_in_batches_and_spill_directories_are_removed(
     assert list((tmp_path / "spill").iterdir()) == []
 
 
+def test_a_statement_that_must_spill_does_and_its_spill_directory_goes(tmp_path: Path) -> None:
+    """A self-join of 3 M strings at 256 MB spills (its database's own directory appears under
+    ``sql_temp_dir``) and succeeds within the worker's bound; the directory goes with it."""
+    spill = tmp_path / "spill"
+    limits = {"sql_memory_limit_mb": 256, "sql_temp_dir": str(spill), "sql_threads": 2}
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", limits=limits) as (server, _):
+        client = client_for(server)
+        _numbers(client, tmp_path / "data", 3_000_000)
+        seen: set[str] = set()
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                seen.update(p.name for p in spill.iterdir())
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        join = "SELECT count(*) AS n FROM numbers a JOIN numbers b ON a.s = b.s"
+        try:
+            assert _statement(client.uri, join).read_all().to_pylist() == [{"n": 3_000_000}]
+        finally:
+            done.set()
+            watcher.join()
+        assert seen and all(name.startswith("harness-sql-") for name in seen)
+        assert list(spill.iterdir()) == []  # closed before its answer: it took over 50 ms
+        client.close()
+
+
 def test_a_missing_temp_dir_is_made_at_start_and_statements_leave_nothing_in_it(
     tmp_path: Path,
 ) -> None:
