@@ -216,3 +216,31 @@ def test_the_databases_a_worker_keeps_leave_a_statement_its_whole_allowance(
         assert proc.data_limit - sizes[-1] >= allowance_mb << 20
     finally:
         proc.kill()
+
+
+def test_databases_made_at_once_spill_to_directories_of_their_own(tmp_path: Path) -> None:
+    """A statement's thread makes a database when no spare is ready while the maker thread
+    makes the next spare: each still gets a spill directory of its own (one closing removes
+    its directory, and what another spilled there would go with it)."""
+    import threading
+
+    a, b = socket.socketpair()
+    worker = w.Worker(a, {**LIMITS, "spill_root": str(tmp_path), "spill_limit_mb": 64})
+    found: list[str] = []
+
+    def make() -> None:
+        for _ in range(25):
+            con = worker._new(())
+            found.append(con.execute("SELECT current_setting('temp_directory')").fetchone()[0])
+            con.close()
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(found) == 100 and len(set(found)) == 100
+    finally:
+        a.close()
+        b.close()

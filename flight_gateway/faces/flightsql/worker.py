@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import os
 import queue
@@ -118,7 +119,9 @@ class Worker:
         #: servers they attach, the set used last at the end.
         self.spares: OrderedDict[tuple[str, ...], list[tuple[float, Any]]] = OrderedDict()
         self._spare_lock = threading.Lock()
-        self._made = 0  # databases made so far: each spills to a directory of its own
+        #: Numbers the databases made (each spills to a directory of its own): ``next`` on a
+        #: count is atomic, and a statement's thread and the maker may make one at once.
+        self._made = itertools.count(1)
         self._closing: queue.SimpleQueue[list[Any]] | None = None
         self._wanted: queue.SimpleQueue[tuple[str, ...]] | None = None
         #: The database that types statements over empty views (``typing_only``), made once:
@@ -155,10 +158,10 @@ class Worker:
                 "threads": int(limits["threads"]),
             }
         )
-        self._made += 1
         # A directory of its own, not created: DuckDB creates it on the first spill and
         # removes it when the database closes (the gateway removes a killed worker's).
-        spill = os.path.join(limits["spill_root"], f"{spill_prefix(os.getpid())}{self._made}")
+        name = f"{spill_prefix(os.getpid())}{next(self._made)}"
+        spill = os.path.join(limits["spill_root"], name)
         try:
             # Results do not depend on the gateway's zone; GLOBAL: the typing database's
             # connections (``typing_connection``) take it too. One call: each costs ~0.2 ms.
