@@ -192,9 +192,22 @@ def next_table_id(conn: Connection) -> int:
     return new
 
 
+def _migration_4(conn: Connection) -> None:
+    """The Postgres lock step with per-source queue places (``locks.step``)."""
+    if conn.dialect.name == "postgresql":
+        from flight_gateway.catalog import pg_functions as postgres_sql
+
+        conn.exec_driver_sql(postgres_sql.LOCK_FUNCTION_V2)
+
+
 # Append-only list: migration i (1-based) moves the catalog from schema version i-1 to i.
 # Never edit a released migration; add a new one.
-MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2, _migration_3]
+MIGRATIONS: list[Callable[[Connection], None]] = [
+    _migration_1,
+    _migration_2,
+    _migration_3,
+    _migration_4,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

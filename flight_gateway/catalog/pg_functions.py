@@ -223,3 +223,97 @@ BEGIN
 END
 $fn$;
 """
+
+#: ``locks.step``'s queue in one statement: a waiting request holds its place in the queue of
+#: each of its sources, in name order (bytewise, as Python sorts them), up to and including
+#: the first one held or reserved by a request ahead of it; V1 made it hold every source.
+LOCK_FUNCTION_V2 = r"""
+CREATE OR REPLACE FUNCTION harness_lock_step(
+    p_table text, p_lock_id text, p_owner text, p_sources jsonb, p_ttl double precision,
+    p_enqueue boolean, p_heartbeat double precision
+) RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+    t harness_tables;
+    now_ts double precision := extract(epoch FROM clock_timestamp());
+    wanted text[] := ARRAY(SELECT jsonb_array_elements_text(p_sources));
+    missing text[];
+    mine record;
+    blockers text[];
+    taken text[];
+    claim text[];
+    waiter record;
+    v_source text;
+    token bigint;
+BEGIN
+    SELECT * INTO t FROM harness_tables WHERE name = p_table FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('error', 'no_table');
+    END IF;
+    DELETE FROM harness_locks hl WHERE hl.table_id = t.id AND hl.expires_at <= now_ts;
+    missing := ARRAY(SELECT w FROM unnest(wanted) w WHERE NOT EXISTS (
+        SELECT 1 FROM harness_sources s
+         WHERE s.table_id = t.id AND s.name = w AND s.removed_version IS NULL) ORDER BY w);
+    IF cardinality(missing) > 0 THEN
+        RETURN jsonb_build_object('missing', to_jsonb(missing));
+    END IF;
+    SELECT hl.seq INTO mine FROM harness_locks hl WHERE hl.lock_id = p_lock_id;
+    -- Holders keep all of their sources.
+    blockers := ARRAY(
+        SELECT DISTINCT hl.owner || ' (holds)'
+          FROM harness_locks hl
+         WHERE hl.table_id = t.id AND hl.lock_id <> p_lock_id AND hl.granted
+           AND EXISTS (SELECT 1 FROM json_array_elements_text(hl.sources) x
+                        WHERE x = ANY(wanted)));
+    taken := ARRAY(
+        SELECT DISTINCT x FROM harness_locks hl, json_array_elements_text(hl.sources) x
+         WHERE hl.table_id = t.id AND hl.lock_id <> p_lock_id AND hl.granted);
+    -- Waiters queued ahead keep the sources they reached: up to the first one taken.
+    FOR waiter IN
+        SELECT hl.owner, ARRAY(SELECT x FROM json_array_elements_text(hl.sources) x
+                                ORDER BY x COLLATE "C") AS names
+          FROM harness_locks hl
+         WHERE hl.table_id = t.id AND hl.lock_id <> p_lock_id AND NOT hl.granted
+           AND (mine.seq IS NULL OR hl.seq < mine.seq)
+         ORDER BY hl.seq
+    LOOP
+        claim := '{}';
+        FOREACH v_source IN ARRAY waiter.names LOOP
+            claim := claim || v_source;
+            EXIT WHEN v_source = ANY(taken);
+        END LOOP;
+        IF claim && wanted THEN
+            blockers := blockers || (waiter.owner || ' (waits)');
+        END IF;
+        taken := taken || claim;
+    END LOOP;
+    blockers := ARRAY(SELECT DISTINCT b FROM unnest(blockers) b);
+    IF cardinality(blockers) = 0 THEN
+        token := t.next_fencing_token;
+        UPDATE harness_tables SET next_fencing_token = token + 1 WHERE id = t.id;
+        IF mine.seq IS NOT NULL THEN
+            UPDATE harness_locks SET granted = true, fencing_token = token,
+                   expires_at = now_ts + p_ttl, ttl_s = p_ttl
+             WHERE lock_id = p_lock_id;
+        ELSE
+            INSERT INTO harness_locks (lock_id, table_id, owner, sources, granted,
+                                       fencing_token, expires_at, ttl_s)
+            VALUES (p_lock_id, t.id, p_owner, p_sources::json, true, token,
+                    now_ts + p_ttl, p_ttl);
+        END IF;
+        RETURN jsonb_build_object('token', token, 'expires_at', now_ts + p_ttl);
+    END IF;
+    IF p_enqueue THEN
+        IF mine.seq IS NOT NULL THEN
+            UPDATE harness_locks SET expires_at = now_ts + p_heartbeat
+             WHERE lock_id = p_lock_id;
+        ELSE
+            INSERT INTO harness_locks (lock_id, table_id, owner, sources, granted,
+                                       expires_at, ttl_s)
+            VALUES (p_lock_id, t.id, p_owner, p_sources::json, false,
+                    now_ts + p_heartbeat, p_ttl);
+        END IF;
+    END IF;
+    RETURN jsonb_build_object('blockers', to_jsonb(ARRAY(SELECT unnest(blockers) ORDER BY 1)));
+END
+$fn$;
+"""

@@ -47,32 +47,70 @@ def test_waiting_lock_granted_on_release(table: Catalog) -> None:
     assert got == ["waiter"]
 
 
+class _Waiters:
+    """Requests that wait in threads; ``order`` is the order they were granted in."""
+
+    def __init__(self, table: Catalog) -> None:
+        self.table, self.order, self.grants = table, [], {}
+        self.threads: dict[str, threading.Thread] = {}
+
+    def ask(self, name: str, sources: list[str]) -> None:
+        def run() -> None:
+            grant = self.table.lock("t", sources, owner=name, ttl_s=60, wait_s=30)
+            self.order.append(name)
+            self.grants[name] = grant.lock_id
+
+        self.threads[name] = threading.Thread(target=run)
+        self.threads[name].start()
+        time.sleep(0.4)  # queued (or granted) before the next request
+
+    def release(self, name: str) -> None:
+        self.table.unlock(self.grants[name])
+
+    def wait_for(self, *names: str) -> None:
+        for name in names:
+            self.threads[name].join(20)
+
+
 def test_queue_is_fair(table: Catalog) -> None:
+    """A waiting request holds its place in the queue of each source, in name order, up to the
+    first one it waits for: nobody overtakes it there, and a source it has not reached yet is
+    free for others (as if it locked its sources one by one in that order)."""
     g = table.lock("t", ["a"], owner="holder", ttl_s=60)
-    order: list[str] = []
-    grants: dict[str, str] = {}
-
-    def waiter(name: str, sources: list[str]) -> None:
-        grant = table.lock("t", sources, owner=name, ttl_s=60, wait_s=30)
-        order.append(name)
-        grants[name] = grant.lock_id
-
-    first = threading.Thread(target=waiter, args=("first", ["a", "b"]))
-    first.start()
-    time.sleep(0.3)
-    # 'second' wants only b, which is free, but 'first' queued earlier for a+b: it must wait.
-    second = threading.Thread(target=waiter, args=("second", ["b"]))
-    second.start()
-    time.sleep(0.3)
-    assert order == []
+    q = _Waiters(table)
+    q.ask("first", ["a", "b"])  # waits for a; has not reached b
+    q.ask("second", ["b"])
+    assert q.order == ["second"]  # b was free: granted past 'first', which waits for a
     # c overlaps nobody: granted at once despite the queue.
     assert table.lock("t", ["c"], owner="bystander", ttl_s=5).owner == "bystander"
+    q.ask("third", ["a"])  # behind 'first' in a's queue
     table.unlock(g.lock_id)
-    first.join(20)
-    assert order == ["first"]
-    table.unlock(grants["first"])
-    second.join(20)
-    assert order == ["first", "second"]
+    time.sleep(0.4)
+    # 'first' now has a and waits for b ('second' holds it): nobody overtakes it in either.
+    assert q.order == ["second"]
+    q.ask("fourth", ["b"])
+    assert q.order == ["second"]
+    q.release("second")
+    q.wait_for("first")
+    assert q.order == ["second", "first"]
+    q.release("first")
+    q.wait_for("third", "fourth")
+    assert sorted(q.order[2:]) == ["fourth", "third"]
+
+
+def test_a_waiter_for_two_sources_does_not_hold_up_the_second_one(table: Catalog) -> None:
+    """The move's case: a request for a and b waits behind a's holder; writers of b alone go
+    on meanwhile instead of queueing behind it (and so behind every writer of a)."""
+    g = table.lock("t", ["a"], owner="writer of a", ttl_s=60)
+    q = _Waiters(table)
+    q.ask("move", ["a", "b"])
+    for i in range(3):
+        grant = table.lock("t", ["b"], owner=f"writer of b {i}", ttl_s=60, wait_s=0)
+        table.unlock(grant.lock_id)
+    assert q.order == []
+    table.unlock(g.lock_id)
+    q.wait_for("move")
+    assert q.order == ["move"]
 
 
 def test_wait_times_out_and_leaves_no_queue_entry(table: Catalog) -> None:
