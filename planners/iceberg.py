@@ -165,7 +165,7 @@ def load_table(config: Mapping[str, Any], guard: Guard = ALLOW_ALL) -> Any:
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
 
-    from planners import iceberg_io
+    from planners import iceberg_io, iceberg_tx
 
     cfg = IcebergConfig.parse(config, where="iceberg source")
     props = {k: str(v) for k, v in cfg.catalog.items()}
@@ -180,6 +180,7 @@ def load_table(config: Mapping[str, Any], guard: Guard = ALLOW_ALL) -> Any:
                 cat = load_catalog(cfg.catalog_name, **props)
             except Exception as e:
                 raise Unavailable(f"cannot open Iceberg catalog: {e}") from e
+            iceberg_tx.share_metadata(cat)
             _catalogs[key] = cat
     try:
         table = cat.load_table(cfg.identifier)

@@ -10,18 +10,34 @@ changed in place, when a transaction stages an update or its table is refreshed,
 check keeps the answer current, and with nothing staged the answer is the table's metadata
 itself. The same change was proposed upstream
 (apache/iceberg-python#3302, approved, closed as stale; #3784).
+
+The catalogs the gateway opens (``share_metadata``) also stage a commit's metadata without
+pyiceberg's final deep copy of it (``updated_metadata``), and every metadata file is parsed
+once (``keep_metadata_parsed``): at 600 snapshots an idle append went from 134 to 52 ms.
 """
 
 from __future__ import annotations
 
+import threading
+import types
+from collections import OrderedDict
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
-from pyiceberg.table import Table
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table import StagedTable, Table
 from pyiceberg.table import Transaction as _Transaction
+from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import update_table_metadata
+from pyiceberg.table.update import (
+    _apply_table_update,
+    _TableMetadataUpdateContext,
+    _update_table_metadata_log,
+    update_table_metadata,
+)
+from pyiceberg.utils.datetime import datetime_to_millis
 
 
 class Transaction(_Transaction):
@@ -34,7 +50,7 @@ class Transaction(_Transaction):
             return base
         built = self._built
         if built is None or built[0] is not base or built[1] is not updates:
-            built = (base, updates, update_table_metadata(base, updates))
+            built = (base, updates, updated_metadata(base, updates))
             self._built = built
         return built[2]
 
@@ -48,3 +64,105 @@ def append(table: Table, data: pa.Table, snapshot_properties: Mapping[str, str])
     """``table.append``, with its metadata built once per staged state."""
     with transaction(table) as tx:
         tx.append(data, snapshot_properties=dict(snapshot_properties))
+
+
+def updated_metadata(
+    base: TableMetadata,
+    updates: tuple[Any, ...],
+    enforce_validation: bool = False,
+    metadata_location: str | None = None,
+) -> TableMetadata:
+    """``pyiceberg.table.update.update_table_metadata`` without its last step, a deep copy of
+    the whole new metadata (every snapshot, both logs). Each update makes a new metadata that
+    shares what it does not change with the one before, and pyiceberg's models are frozen and
+    never changed in place, so the copy protects nothing. At 600 snapshots it was 60 % of an
+    append (two copies of ~60 ms each, idle), all of it under the source's write lease."""
+    if enforce_validation:  # a new table: parsed again from scratch, as pyiceberg does
+        return update_table_metadata(base, updates, enforce_validation, metadata_location)
+    context = _TableMetadataUpdateContext()
+    new = base
+    for update in updates:
+        new = _apply_table_update(update, new, context)
+    if context.has_changes():
+        if metadata_location:
+            new = _update_table_metadata_log(new, metadata_location, base.last_updated_ms)
+        if base.last_updated_ms == new.last_updated_ms:
+            now = datetime_to_millis(datetime.now().astimezone())
+            new = new.model_copy(update={"last_updated_ms": now})
+    new.spec().check_compatible(new.schema())
+    new.sort_order().check_compatible(new.schema())
+    return new
+
+
+def share_metadata(catalog: Any) -> None:
+    """Make ``catalog`` stage its commits with ``updated_metadata``: a metastore catalog (SQL,
+    Glue, Hive, ...) builds the committed metadata itself, a REST catalog's server does."""
+    from pyiceberg.catalog import MetastoreCatalog
+
+    keep_metadata_parsed()
+    if isinstance(catalog, MetastoreCatalog):
+        catalog._update_and_stage_table = types.MethodType(_update_and_stage_table, catalog)  # type: ignore[method-assign]
+
+
+def _update_and_stage_table(
+    self: Any,
+    current_table: Table | None,
+    table_identifier: Any,
+    requirements: tuple[Any, ...],
+    updates: tuple[Any, ...],
+) -> StagedTable:
+    """``MetastoreCatalog._update_and_stage_table`` of pyiceberg 0.12, staging the metadata
+    with ``updated_metadata``."""
+    for requirement in requirements:
+        requirement.validate(current_table.metadata if current_table else None)
+    updated = updated_metadata(
+        current_table.metadata if current_table else self._empty_table_metadata(),
+        updates,
+        enforce_validation=current_table is None,
+        metadata_location=current_table.metadata_location if current_table else None,
+    )
+    version = (
+        self._parse_metadata_version(current_table.metadata_location) + 1 if current_table else 0
+    )
+    provider = load_location_provider(updated.location, updated.properties)
+    location = provider.new_table_metadata_file_location(version)
+    return StagedTable(
+        identifier=table_identifier,
+        metadata=updated,
+        metadata_location=location,
+        io=self._load_file_io(properties=updated.properties, location=location),
+        catalog=self,
+    )
+
+
+#: Parsed metadata files by location, the latest used last.
+_PARSED: OrderedDict[str, TableMetadata] = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+#: Metadata files kept parsed (each one table's whole history: a few MB at thousands of
+#: snapshots).
+PARSED_KEPT = 16
+_parse = FromInputFile.table_metadata
+
+
+def _table_metadata(input_file: Any, encoding: str = "utf-8") -> TableMetadata:
+    location = str(input_file.location)
+    with _PARSED_LOCK:
+        hit = _PARSED.get(location)
+        if hit is not None:
+            _PARSED.move_to_end(location)
+            return hit
+    metadata = _parse(input_file, encoding)
+    with _PARSED_LOCK:
+        _PARSED[location] = metadata
+        while len(_PARSED) > PARSED_KEPT:
+            _PARSED.popitem(last=False)
+    return metadata
+
+
+def keep_metadata_parsed() -> None:
+    """Parse each metadata file once: a table's metadata file is never rewritten (a commit
+    writes a new one, named with a UUID), and parsing one of 600 snapshots took 22 ms, twice
+    per append (the appender's load and the catalog's check at commit) and once per read
+    that loads the table. The catalog's FileIO still makes the input file first (the
+    gateway's guarded one checks its location there); a file parsed before is not opened."""
+    FromInputFile.table_metadata = staticmethod(_table_metadata)  # type: ignore[method-assign]

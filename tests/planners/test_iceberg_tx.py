@@ -1,6 +1,8 @@
 """``planners.iceberg_tx``: an append builds the table's metadata once per staged state (pyiceberg
 0.12 deep-copies the whole metadata, every snapshot, on each of ~19 reads per append), and
-commits exactly what ``Table.append`` commits."""
+commits exactly what ``Table.append`` commits; a catalog staging its commits without the deep
+copy and reading each metadata file once writes what DuckDB's iceberg extension and a fresh
+parse read back."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.table import update as table_update
 
 from planners import iceberg_tx
+from tests.planners.test_iceberg_deletes import duck  # noqa: F401 (a fixture)
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("region", pa.string())])
 
@@ -35,13 +37,13 @@ def test_an_append_builds_its_metadata_once_per_staged_state(catalog, monkeypatc
     for i in range(5):
         table.append(_rows(i * 10))
     built: list[int] = []
-    real = table_update.update_table_metadata
+    real = iceberg_tx.updated_metadata
 
     def counted(*args, **kwargs):
         built.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(iceberg_tx, "update_table_metadata", counted)
+    monkeypatch.setattr(iceberg_tx, "updated_metadata", counted)
     iceberg_tx.append(catalog.load_table("db.t"), _rows(50), {"harness.commit-id": "c1"})
     # One state staged (the snapshot and its branch); pyiceberg's own Transaction built it on
     # every read of ``table_metadata`` (19 here).
@@ -61,3 +63,52 @@ def test_an_append_commits_what_pyicebergs_append_commits(catalog) -> None:
         assert a.summary == b.summary
         assert a.sequence_number == b.sequence_number
     assert ours.current_snapshot().summary["harness.commit-id"] == "c2"
+
+
+def test_a_shared_catalog_writes_what_is_read_back(catalog, duck) -> None:  # noqa: F811
+    """Appends, a delete, a new column and more appends through a catalog that stages its
+    commits without deep copies (``share_metadata``): each metadata file parsed afresh equals
+    what the table holds, and DuckDB reads the rows pyiceberg reads."""
+    iceberg_tx.share_metadata(catalog)
+    table = catalog.create_table("db.shared", schema=SCHEMA)
+    for i in range(6):
+        iceberg_tx.append(catalog.load_table("db.shared"), _rows(i * 10), {"c": str(i)})
+    table = catalog.load_table("db.shared")
+    with iceberg_tx.transaction(table) as tx:
+        tx.delete("id < 15")
+    with catalog.load_table("db.shared").update_schema() as update:
+        update.add_column("extra", pa_type_long())
+    wider = pa.schema([*SCHEMA, pa.field("extra", pa.int64())])
+    iceberg_tx.append(
+        catalog.load_table("db.shared"),
+        pa.table({"id": [100], "region": ["x"], "extra": [7]}, schema=wider),
+        {"c": "last"},
+    )
+    table = catalog.load_table("db.shared")
+    fresh = iceberg_tx._parse(table.io.new_input(table.metadata_location))
+    assert fresh == table.metadata
+    assert table.current_snapshot().summary["c"] == "last"
+    assert len(table.metadata.metadata_log) >= len(table.metadata.snapshots) >= 8
+    ours = table.scan().to_arrow().sort_by("id").to_pylist()
+    assert [r["id"] for r in ours] == [15, *range(16, 60), 100]
+    theirs = duck.execute(
+        f"SELECT * FROM iceberg_scan('{table.metadata_location}') ORDER BY id"
+    ).to_arrow_table()
+    assert theirs.to_pylist() == ours
+
+
+def test_a_metadata_file_is_parsed_once(catalog) -> None:
+    iceberg_tx.keep_metadata_parsed()
+    table = catalog.create_table("db.once", schema=SCHEMA)
+    iceberg_tx.append(table, _rows(0), {"c": "0"})
+    first, again = catalog.load_table("db.once"), catalog.load_table("db.once")
+    assert first.metadata is again.metadata  # one parse for one file
+    iceberg_tx.append(first, _rows(10), {"c": "1"})
+    after = catalog.load_table("db.once")
+    assert after.metadata is not first.metadata and len(after.metadata.snapshots) == 2
+
+
+def pa_type_long():  # type: ignore[no-untyped-def]
+    from pyiceberg.types import LongType
+
+    return LongType()
