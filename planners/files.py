@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -108,58 +107,12 @@ def _resolve(
         if not base and not os.path.isabs(f):
             raise InvalidArgument(f"file {f!r} is relative, but the source has no root")
         out.append(f if os.path.isabs(f) or not base else os.path.join(base, f))
-    reals = _reals(out) if local else out
+    reals = locations.local_reals(out) if local else out
     if base:
         for f, real in zip(files, reals, strict=True):
             if not _inside(real, base, real_root):
                 raise InvalidArgument(f"file {f!r} is outside the source's root")
     return fs, out, reals if local else None
-
-
-#: From this many files in one directory on, its listing is read once instead of one ``lstat``
-#: per file.
-_LIST_FROM = 32
-
-
-def _reals(paths: list[str]) -> list[str]:
-    """Each local path's real file, resolved per directory: each directory once (its links and
-    ``..``), then each name in it is a plain file (its real path is the directory's plus the
-    name) unless it is a link itself, which is resolved alone. A read of a version listing
-    hundreds of files made hundreds of whole-path resolutions (36-40 % of GetFlightInfo and
-    DoGet under load)."""
-    by_dir: dict[str, list[int]] = {}
-    for i, p in enumerate(paths):
-        by_dir.setdefault(os.path.dirname(p), []).append(i)
-    reals = list(paths)
-    for directory, members in by_dir.items():
-        real_dir = locations.local_real(directory or ".")
-        plain = _plain_names(directory, [os.path.basename(paths[i]) for i in members])
-        for i in members:
-            name = os.path.basename(paths[i])
-            reals[i] = (os.path.join(real_dir, name) if name in plain
-                        else locations.local_real(paths[i]))  # fmt: skip
-    return reals
-
-
-def _plain_names(directory: str, names: list[str]) -> set[str]:
-    """The names of ``names`` that are regular files (not links) in ``directory``."""
-    wanted = {n for n in names if n not in ("", ".", "..")}
-    if len(wanted) >= _LIST_FROM:
-        try:
-            with os.scandir(directory or ".") as entries:
-                return {
-                    e.name for e in entries if e.name in wanted and e.is_file(follow_symlinks=False)
-                }
-        except OSError:
-            return set()
-    plain = set()
-    for n in wanted:
-        try:
-            if stat.S_ISREG(os.lstat(os.path.join(directory, n)).st_mode):
-                plain.add(n)
-        except OSError:
-            continue  # missing: resolved alone, as before
-    return plain
 
 
 def _uris(root: str | None, paths: list[str], reals: list[str] | None) -> list[str]:

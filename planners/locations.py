@@ -30,6 +30,7 @@ import os
 import posixpath
 import re
 import socket
+import stat
 import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -270,11 +271,80 @@ def _store_query(key: str, scheme: str, query: str) -> list[Reach]:
 
 
 def files(key: str, paths: Iterable[str]) -> list[Reach]:
-    """The readings of every file a read opens (data, delete, manifest, log files)."""
+    """The readings of every file a read opens (data, delete, manifest, log files): each as
+    ``storage`` reads it, the local ones resolved per directory (``local_reals``). An Iceberg
+    read checks every data file of its snapshot; resolving each whole path (twice for a
+    ``file:`` URI) was 61 % of Iceberg reads' samples under 64 readers and 16 writers."""
     out: list[Reach] = []
+    local: list[str] = []
     for p in paths:
-        out += storage(key, p)
-    return out
+        raw = _local_readings(p)
+        if raw is None:
+            out += storage(key, p)
+        else:
+            local += raw
+    return out + [Reach("path", key, r) for r in dict.fromkeys(local_reals(local))]
+
+
+def _local_readings(value: str) -> list[str] | None:
+    """The local paths ``storage`` would resolve for ``value`` (checked as it checks them),
+    or None when ``value`` is not local."""
+    if not isinstance(value, str) or not value or "\x00" in value:
+        return None  # storage refuses it
+    if not is_uri(value):
+        return [value]
+    parts = urlsplit(value)
+    if parts.scheme.lower() != "file" or parts.query or parts.fragment:
+        return None
+    if parts.netloc not in ("", "localhost"):
+        return None
+    return list(dict.fromkeys((parts.path, unquote(parts.path))))
+
+
+#: From this many files in one directory on, its listing is read once instead of one ``lstat``
+#: per file.
+_LIST_FROM = 32
+
+
+def local_reals(paths: Sequence[str]) -> list[str]:
+    """Each local path's real file, resolved per directory: each directory once (its links and
+    ``..``), then each name in it is a plain file (its real path is the directory's plus the
+    name) unless it is a link itself, which is resolved alone. A read of a version listing
+    hundreds of files made hundreds of whole-path resolutions (36-40 % of GetFlightInfo and
+    DoGet under load); ``local_real`` of each gives the same answers."""
+    by_dir: dict[str, list[int]] = {}
+    for i, p in enumerate(paths):
+        by_dir.setdefault(os.path.dirname(p), []).append(i)
+    reals = list(paths)
+    for directory, members in by_dir.items():
+        real_dir = local_real(directory or ".")
+        plain = _plain_names(directory, [os.path.basename(paths[i]) for i in members])
+        for i in members:
+            name = os.path.basename(paths[i])
+            reals[i] = (os.path.join(real_dir, name) if name in plain
+                        else local_real(paths[i]))  # fmt: skip
+    return reals
+
+
+def _plain_names(directory: str, names: list[str]) -> set[str]:
+    """The names of ``names`` that are regular files (not links) in ``directory``."""
+    wanted = {n for n in names if n not in ("", ".", "..")}
+    if len(wanted) >= _LIST_FROM:
+        try:
+            with os.scandir(directory or ".") as entries:
+                return {
+                    e.name for e in entries if e.name in wanted and e.is_file(follow_symlinks=False)
+                }
+        except OSError:
+            return set()
+    plain = set()
+    for n in wanted:
+        try:
+            if stat.S_ISREG(os.lstat(os.path.join(directory, n)).st_mode):
+                plain.add(n)
+        except OSError:
+            continue  # missing: resolved alone, as before
+    return plain
 
 
 # ---------------------------------------------------------------------------- option maps

@@ -54,9 +54,9 @@ class _Waiters:
         self.table, self.order, self.grants = table, [], {}
         self.threads: dict[str, threading.Thread] = {}
 
-    def ask(self, name: str, sources: list[str]) -> None:
+    def ask(self, name: str, sources: list[str], wait_s: float = 30) -> None:
         def run() -> None:
-            grant = self.table.lock("t", sources, owner=name, ttl_s=60, wait_s=30)
+            grant = self.table.lock("t", sources, owner=name, ttl_s=60, wait_s=wait_s)
             self.order.append(name)
             self.grants[name] = grant.lock_id
 
@@ -134,3 +134,21 @@ def test_renew_and_expiry(table: Catalog) -> None:
         table.renew_lock(g.lock_id)
     assert table.lock("t", ["a"], owner="other", ttl_s=5).owner == "other"
     table.unlock(g.lock_id)  # releasing an expired lock is a harmless no-op
+
+
+def test_a_release_here_wakes_a_waiter_here(
+    table: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter in the process that releases the lock tries again at once: with polls ten
+    minutes apart it still gets the lock as soon as it is released."""
+    from flight_gateway.catalog import locks as locks_module
+
+    monkeypatch.setattr(locks_module, "POLL_CAP_S", 600.0)
+    monkeypatch.setattr(table._locks, "_poll_s", 600.0)
+    held = table.lock("t", ["a", "b"], owner="holder", ttl_s=60)
+    q = _Waiters(table)
+    q.ask("waiter", ["b"])
+    assert q.order == []
+    table.unlock(held.lock_id)
+    q.wait_for("waiter")
+    assert q.order == ["waiter"]

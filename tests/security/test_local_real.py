@@ -82,3 +82,31 @@ def test_a_nul_in_a_path_is_never_cut_short() -> None:
     # ctypes would pass "/tmp" for "/tmp\x00/../etc"; the Python fallback refuses it.
     with pytest.raises(ValueError):
         locations.local_real("/tmp\x00/../etc")
+
+
+def _storage_readings(key: str, paths: list[str]) -> set[locations.Reach]:
+    return {r for p in paths for r in locations.storage(key, p)}
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_files_read_per_directory_as_storage_reads_each(tree: Path, many: bool) -> None:
+    """``files`` resolves each directory once (and lists it when it holds many of the files):
+    it must reach exactly what ``storage`` of each path reaches, links and ``..`` included, for
+    plain paths and ``file:`` URIs (both readings of a percent-encoded one)."""
+    (tree / "root" / "sub" / "a b.parquet").write_bytes(b"x")
+    os.symlink(tree / "outside" / "secret.parquet", tree / "root" / "sub" / "link.parquet")
+    paths = [str(tree / c) for c in CASES if not c.endswith("/")]
+    paths += [
+        str(tree / "root" / "sub" / "link.parquet"),
+        f"file://{tree}/root/sub/a%20b.parquet",
+        f"file://{tree}/root/away/secret.parquet",
+        f"file://localhost{tree}/root/here/f.parquet",
+        "s3://bucket/key/x.parquet",
+    ]
+    if many:  # past the listing threshold: the directory is read once
+        for i in range(40):
+            (tree / "root" / "sub" / f"p{i}.parquet").write_bytes(b"x")
+            paths.append(str(tree / "root" / "sub" / f"p{i}.parquet"))
+    got = locations.files("data file", paths)
+    assert set(got) == _storage_readings("data file", paths)
+    assert any(r.value == str(tree / "outside" / "secret.parquet") for r in got)
