@@ -9,9 +9,12 @@ from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flightsql
 import duckdb
+import pyarrow as pa
+import pyarrow.flight as fl
 import pytest
 
 from flight_gateway.faces.flightsql.engine import with_relations
+from flight_gateway.protocol.flightsql import pack, pb
 from flight_gateway.faces.flightsql.workers import Plan
 from tests.gateway.helpers import client_for, running_gateway
 
@@ -66,4 +69,15 @@ def test_statements_of_every_shape_over_a_gateway_match_duckdb(tmp_path: Path) -
                 cur.execute(user_sql)
                 got = [tuple(r) for r in cur.fetchall()]
                 assert got == oracle.execute(user_sql).fetchall(), user_sql
+        # An error near the start shows no relation's text (the files, how they are read).
+        raw = fl.FlightClient(client.uri)
+        bad = "SELECT CAST('x' || i AS INTEGER) FROM t"  # typed fine, fails as it runs
+        info = raw.get_flight_info(
+            fl.FlightDescriptor.for_command(pack(pb.CommandStatementQuery(query=bad)))
+        )
+        with pytest.raises(pa.ArrowInvalid) as caught:  # INVALID_ARGUMENT
+            raw.do_get(info.endpoints[0].ticket).read_all()
+        message = str(caught.value)
+        assert "Could not convert" in message and path.name not in message
+        assert "union_by_name" not in message and "NOT MATERIALIZED" not in message
         client.close()

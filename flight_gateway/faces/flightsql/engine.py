@@ -357,14 +357,32 @@ def secrets_of(dsns: Sequence[str]) -> list[str]:
 _PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
 
 
+#: What only the relations' text holds, never a caller's statement (``query`` refuses
+#: table functions and the reserved names).
+_RELATION_TEXT = ("read_parquet(", "union_by_name=", "__stream_", "__small_", "postgres_query(")
+
+
+def without_relations(message: str) -> str:
+    """``message`` without DuckDB's excerpt of the statement (``LINE 1: ...`` and a caret)
+    when the excerpt shows the relations' text: the pinned files' paths and how the sources
+    are read are the gateway's, not the caller's (the relations lead the statement as CTEs,
+    so an error near the start of a short statement shows their end)."""
+    at = message.find("\nLINE ")
+    if at >= 0 and any(text in message[at:] for text in _RELATION_TEXT):
+        return message[:at].rstrip()
+    return message
+
+
 def translate(
     kind: str, message: str, limits: SqlLimits, secrets: Sequence[str] = ()
 ) -> HarnessError:
     """A worker's failure (``worker._kind``) as the harness error a caller should see; the
-    statement's connection secrets (PostgreSQL passwords) never appear in it."""
+    statement's connection secrets (PostgreSQL passwords) never appear in it, nor the text of
+    its relations (``without_relations``)."""
     for secret in secrets:
         if secret:
             message = message.replace(secret, "***")
+    message = without_relations(message)
     if kind == "interrupted":
         return TimedOut(
             f"the statement ran longer than limits.sql_timeout_s ({limits.timeout_s:g} s) and "
