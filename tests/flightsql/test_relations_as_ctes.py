@@ -14,8 +14,8 @@ import pyarrow.flight as fl
 import pytest
 
 from flight_gateway.faces.flightsql.engine import with_relations
-from flight_gateway.protocol.flightsql import pack, pb
 from flight_gateway.faces.flightsql.workers import Plan
+from flight_gateway.protocol.flightsql import pack, pb
 from tests.gateway.helpers import client_for, running_gateway
 
 BODY = "SELECT i, i % 3 AS g FROM range(10) t(i)"
