@@ -135,13 +135,18 @@ def _update_and_stage_table(
     )
 
 
-#: Parsed metadata files by location, the latest used last.
-_PARSED: OrderedDict[str, TableMetadata] = OrderedDict()
+#: Parsed metadata files by location (with their weight), the latest used last.
+_PARSED: OrderedDict[str, tuple[TableMetadata, int]] = OrderedDict()
 _PARSED_LOCK = threading.Lock()
-#: Metadata files kept parsed (each one table's whole history: a few MB at thousands of
-#: snapshots).
+#: Metadata files kept parsed, at most this many, and at most this many snapshot and log
+#: entries in all (each a few KB parsed: a table's whole history is in each of its files).
 PARSED_KEPT = 16
+PARSED_ENTRIES = 20_000
 _parse = FromInputFile.table_metadata
+
+
+def _weight(metadata: TableMetadata) -> int:
+    return 1 + len(metadata.snapshots) + len(metadata.snapshot_log) + len(metadata.metadata_log)
 
 
 def _table_metadata(input_file: Any, encoding: str = "utf-8") -> TableMetadata:
@@ -150,12 +155,13 @@ def _table_metadata(input_file: Any, encoding: str = "utf-8") -> TableMetadata:
         hit = _PARSED.get(location)
         if hit is not None:
             _PARSED.move_to_end(location)
-            return hit
+            return hit[0]
     metadata = _parse(input_file, encoding)
     with _PARSED_LOCK:
-        _PARSED[location] = metadata
-        while len(_PARSED) > PARSED_KEPT:
-            _PARSED.popitem(last=False)
+        _PARSED[location] = (metadata, _weight(metadata))
+        total = sum(w for _, w in _PARSED.values())
+        while len(_PARSED) > 1 and (len(_PARSED) > PARSED_KEPT or total > PARSED_ENTRIES):
+            total -= _PARSED.popitem(last=False)[1][1]
     return metadata
 
 

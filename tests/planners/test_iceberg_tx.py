@@ -112,3 +112,16 @@ def pa_type_long():  # type: ignore[no-untyped-def]
     from pyiceberg.types import LongType
 
     return LongType()
+
+
+def test_parsed_metadata_is_bounded_by_its_entries(catalog, monkeypatch) -> None:
+    iceberg_tx.keep_metadata_parsed()
+    monkeypatch.setattr(iceberg_tx, "PARSED_ENTRIES", 4)
+    table = catalog.create_table("db.bounded", schema=SCHEMA)
+    for i in range(4):
+        iceberg_tx.append(catalog.load_table("db.bounded"), _rows(i * 10), {"c": str(i)})
+    # The latest file (4 snapshots, their log entries) outweighs the bound alone: it stays,
+    # every older one went.
+    latest = catalog.load_table("db.bounded").metadata_location
+    assert list(iceberg_tx._PARSED) == [latest]
+    assert table.metadata_location not in iceberg_tx._PARSED
