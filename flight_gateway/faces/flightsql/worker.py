@@ -46,8 +46,16 @@ SPARES = 2
 #: ... of the sets its latest statements attached (a statement over PostgreSQL sources and one
 #: over files alone, in turns, each find theirs: attaching a server costs ~80 ms).
 SPARE_KEYS = 2
-#: Databases a worker may keep between statements: its spares and the typing database.
-KEPT_DATABASES = SPARES * SPARE_KEYS + 1
+#: Databases whose sandbox a statement over files alone locked to its files, kept for the next
+#: statements over the same files (a fresh database costs ~8 ms of a tiny statement's ~10; a
+#: connection to a kept one ~0.05 ms): for the sets of files of this many latest statements...
+LOCKED_KEYS = 2
+#: ... when what the statement left in the database (DuckDB's buffers: cached blocks of the
+#: files) is at most this.
+LOCKED_MAX_BYTES = 16 << 20
+#: Databases a worker may keep between statements: its spares, its locked ones and the typing
+#: database.
+KEPT_DATABASES = SPARES * SPARE_KEYS + LOCKED_KEYS + 1
 #: A statement that took less than this has its database closed after its answer.
 QUICK_S = 0.05
 
@@ -129,6 +137,9 @@ class Worker:
         #: its own, whose temporary views go with it. A fresh database costs ~10 ms, half a
         #: new statement's time in the worker.
         self._typing: Any = None
+        #: Databases locked to the files of a statement (when made, the database) by those
+        #: files, the set used last at the end: only the statement thread uses them.
+        self.locked: OrderedDict[tuple[str, ...], tuple[float, Any]] = OrderedDict()
 
     def connect(self, dsns: Sequence[str]) -> Any:
         """A fresh DuckDB database with the statement limits and ``dsns`` attached read-only as
@@ -253,6 +264,45 @@ class Worker:
             if con is not None:
                 con.close()
 
+    def _database(self, request: dict[str, Any], used: list[Any]) -> tuple[Any, bool]:
+        """A connection of its own for the statement (its relations go with it) to a database
+        locked to its files before, or to a fresh one (left in ``used``); whether its
+        sandbox is locked already."""
+        key = locked_key(request)
+        made, db = self.locked.pop(key, (0.0, None)) if key is not None else (0.0, None)
+        if db is not None and time.monotonic() - made >= SPARE_IDLE_S:
+            _close_all([db])
+            db = None
+        fresh = db is None
+        if db is None:
+            db = self.connect(request.get("dsns") or [])
+        used.append(db)
+        return db.cursor(), not fresh
+
+    def keep(self, request: dict[str, Any], answer: dict[str, Any], used: list[Any]) -> None:
+        """Keep the statement's database (``used``: its connection, then it) for the
+        next statements over the same files: one over files alone that ended well or with an
+        error of its own SQL, and left little in the database."""
+        key = locked_key(request)
+        if key is None or len(used) != 2 or answer.get("error") not in (None, "query"):
+            return
+        if any(step.get("materialize") for step in request.get("steps", [])):
+            return
+        con, db = used
+        _close_all([con])
+        used.remove(db)
+        try:
+            held = db.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
+        except Exception:
+            held = None
+        if held is None or (held[0] or 0) > LOCKED_MAX_BYTES:
+            used.append(db)
+            return
+        self.locked[key] = (time.monotonic(), db)
+        self.locked.move_to_end(key)
+        while len(self.locked) > LOCKED_KEYS:
+            used.append(self.locked.popitem(last=False)[1][1])
+
     # ------------------------------------------------------------------ one statement
 
     def run(self, request: dict[str, Any], fds: list[int], used: list[Any]) -> dict[str, Any]:
@@ -265,8 +315,11 @@ class Worker:
         finished = threading.Event()
         shared = typing_only(request)
         try:
-            con = self.typing_connection() if shared else self.connect(request.get("dsns") or [])
-            used.append(con)
+            if shared:
+                con, locked = self.typing_connection(), True
+            else:
+                con, locked = self._database(request, used)
+            used.insert(0, con)
             threading.Thread(target=_watch, args=(interrupt_fd, con, finished), daemon=True).start()
             interrupt_fd = -1  # the watcher closes it
             try:
@@ -274,7 +327,7 @@ class Worker:
                     for step in request["steps"]:
                         con.execute(step["sql"])
                 else:
-                    _setup(con, request, fds, opened)
+                    _setup(con, request, fds, opened, locked)
             except Exception as e:
                 raise SetupFailed(e) from e
             if op == "schema":
@@ -304,12 +357,15 @@ class Worker:
             started = time.monotonic()
             answer = self.run(request, fds, used)
             shared = typing_only(request)
-            if shared or not _quick(request, time.monotonic() - started):
+            quick = _quick(request, time.monotonic() - started)
+            if shared or not quick:
                 _close_all(used)  # what it holds is freed before the size the answer reports
             if shared and answer.get("error") in ("memory", "internal"):
                 self.forget_typing()
             answer.update(_status())
             send(self.sock, answer)
+            if quick and not shared:
+                self.keep(request, answer, used)
             if not shared:  # a typing used no database of the spares
                 self.after(tuple(request.get("dsns") or ()), used)
 
@@ -323,6 +379,15 @@ def typing_only(request: dict[str, Any]) -> bool:
     return all(
         str(s.get("sql", "")).startswith("CREATE TEMP VIEW ") for s in request.get("steps", [])
     )
+
+
+def locked_key(request: dict[str, Any]) -> tuple[str, ...] | None:
+    """What a database locked to a statement's files is kept by: those files, for a statement
+    over files alone (a database with servers attached keeps their catalogs, which a server's
+    writers may change, and is not kept)."""
+    if request.get("dsns") or typing_only(request):
+        return None
+    return tuple(sorted(dict.fromkeys(request.get("files", []))))
 
 
 def _quick(request: dict[str, Any], took_s: float) -> bool:
@@ -341,9 +406,12 @@ def _close_all(things: list[Any]) -> None:
     things.clear()
 
 
-def _setup(con: Any, request: dict[str, Any], fds: list[int], opened: list[Any]) -> None:
-    """The statement's relations, then the sandbox: external access off (but to the pinned
-    files and the database's spill directory, ``Worker._new``), config locked."""
+def _setup(
+    con: Any, request: dict[str, Any], fds: list[int], opened: list[Any], locked: bool
+) -> None:
+    """The statement's relations, then the sandbox unless ``locked`` already: external access
+    off (but to the pinned files and the database's spill directory, ``Worker._new``), config
+    locked (the settings are the database's: its later connections find them)."""
     import pyarrow as pa
 
     for step in request.get("steps", []):
@@ -360,6 +428,8 @@ def _setup(con: Any, request: dict[str, Any], fds: list[int], opened: list[Any])
                 f"CREATE TEMP TABLE {step['stream']}_rows AS SELECT * FROM {step['stream']}"
             )
             con.unregister(step["stream"])
+    if locked:
+        return
     paths = ", ".join(_quote(f) for f in dict.fromkeys(request.get("files", [])))
     con.execute(
         f"SET allowed_paths = [{paths}]; SET enable_external_access = false; "
@@ -457,7 +527,8 @@ def main(argv: Sequence[str]) -> int:
     # catalog), which the bound must not take from a statement's allowance.
     before = _status()["VmData"]
     probe = worker._new(())
-    kept = max(0, _status()["VmData"] - before) * KEPT_DATABASES
+    # A locked database keeps what its statement left too (``keep``: at most LOCKED_MAX_BYTES).
+    kept = max(0, _status()["VmData"] - before) * KEPT_DATABASES + LOCKED_MAX_BYTES * LOCKED_KEYS
     probe.close()
     con.close()
     limit = _bound_memory(int(limits["memory_limit_mb"]), kept)
