@@ -50,9 +50,9 @@ class _Runs:
         self.count = 0
         run = server.sql._run
 
-        def counted(plan: Any, op: str) -> Any:
+        def counted(plan: Any, op: str, *more: Any) -> Any:
             self.count += op == "run"
-            return run(plan, op)
+            return run(plan, op, *more)
 
         monkeypatch.setattr(server.sql, "_run", counted)
 

@@ -1,7 +1,10 @@
-"""Statements over files alone reuse a database locked to their files: its sandbox was set by
-the first statement (external access off but to those files, configuration locked) and cannot
-change, so only a statement over exactly the same files gets it, on a connection of its own
-whose relations go with it (a fresh database costs ~8 ms of a tiny statement's ~10)."""
+"""A caller's statements over files alone reuse a database locked to their files: its sandbox
+was set when it was made (external access off but to those files, configuration locked) and
+cannot change, so a statement gets it only when all of its files are among them, and only for
+the same caller (its scope: the principal and its grants), on a connection of its own whose
+relations go with it (a fresh database costs ~8 ms of CPU, a tiny statement's ~10 ms). A
+statement over other files gets a database locked to its files and those of the one it
+replaces, up to ``LOCKED_MAX_FILES``."""
 
 from __future__ import annotations
 
@@ -38,15 +41,16 @@ def worker(tmp_path: Path, monkeypatch):
     new = made._new
     monkeypatch.setattr(made, "_new", lambda dsns: made.made.append(new(dsns)) or made.made[-1])
     yield made
-    for _, db in made.locked.values():
-        db.close()
+    for held in made.locked.values():
+        held.db.close()
     a.close()
     b.close()
 
 
 def _count(path: str, **more: Any) -> dict[str, Any]:
     return {"op": "run", "sql": f"SELECT count(*) AS n FROM read_parquet('{path}')",
-            "steps": [], "files": [path], "dsns": [], "batch_rows": 1024, **more}  # fmt: skip
+            "steps": [], "files": [path], "dsns": [], "batch_rows": 1024, "scope": "ann",
+            **more}  # fmt: skip
 
 
 def _statement(
@@ -72,25 +76,43 @@ def _statement(
     return answer, rows
 
 
-def test_statements_over_the_same_files_share_a_locked_database(worker, files) -> None:
+def _n(rows: Any) -> list[int]:
+    return rows.column("n").to_pylist()
+
+
+def test_a_callers_statements_share_a_database_locked_to_their_files(worker, files) -> None:
     for _ in range(3):
         answer, rows = _statement(worker, _count(files[0]))
-        assert "error" not in answer and rows.column("n").to_pylist() == [10]
+        assert "error" not in answer and _n(rows) == [10]
     assert len(worker.made) == 1
-    assert list(worker.locked) == [(files[0],)]
-    # Other files: a database of their own, locked to them.
-    answer, rows = _statement(worker, _count(files[1]))
-    assert rows.column("n").to_pylist() == [20] and len(worker.made) == 2
+    # Another file: a database locked to both, which replaces the first...
+    assert _n(_statement(worker, _count(files[1]))[1]) == [20]
+    assert len(worker.made) == 2 and worker.locked["ann"].allowed == {files[0], files[1]}
+    # ... and serves statements over either, or both.
+    assert _n(_statement(worker, _count(files[0]))[1]) == [10]
+    both = {**_count(files[0]), "files": files[:2],
+            "sql": f"SELECT count(*) AS n FROM read_parquet(['{files[0]}', '{files[1]}'])"}  # fmt: skip
+    assert _n(_statement(worker, both)[1]) == [30]
+    assert len(worker.made) == 2
+
+
+def test_another_caller_never_gets_a_callers_database(worker, files) -> None:
+    _statement(worker, _count(files[0]))
+    _, rows = _statement(worker, _count(files[0], scope="bob"))
+    assert _n(rows) == [10] and len(worker.made) == 2
+    assert worker.locked["ann"].db is not worker.locked["bob"].db
+    _statement(worker, _count(files[0], scope=""))  # no scope: a database for it alone
+    assert len(worker.made) == 3 and set(worker.locked) == {"ann", "bob"}
 
 
 def test_a_locked_database_reads_no_other_file_and_its_configuration_stays_locked(
     worker, files
 ) -> None:
     _statement(worker, _count(files[0]))
-    other = _count(files[1])
-    other["files"] = [files[0]]  # its key finds the database locked to the first file
-    answer, _ = _statement(worker, other)
-    assert answer["error"] == "query" and len(worker.made) == 1
+    other = {**_count(files[0]), "sql": f"SELECT count(*) AS n FROM read_parquet('{files[1]}')"}
+    answer, _ = _statement(worker, other)  # its files are the first's: it gets that database
+    assert answer["error"] == "query" and "20" not in answer["message"]
+    assert len(worker.made) == 1
     setting = {**_count(files[0]), "sql": "SELECT 1", "steps": [{"sql": "SET threads = 4"}]}
     answer, _ = _statement(worker, setting)
     assert answer["error"] == "source" and "configuration" in answer["message"].lower()
@@ -100,7 +122,7 @@ def test_a_statements_relations_go_with_its_connection(worker, files) -> None:
     first = _count(files[0])
     first["steps"] = [{"sql": f"CREATE TEMP VIEW mine AS SELECT * FROM read_parquet('{files[0]}')"}]
     first["sql"] = "SELECT count(*) AS n FROM mine"
-    assert _statement(worker, first)[1].column("n").to_pylist() == [10]
+    assert _n(_statement(worker, first)[1]) == [10]
     answer, _ = _statement(worker, {**_count(files[0]), "sql": "SELECT count(*) FROM mine"})
     assert answer["error"] == "query" and "mine" in answer["message"]
     assert len(worker.made) == 1
@@ -113,18 +135,24 @@ def test_what_is_not_kept(worker, files) -> None:
     long = {**_count(files[1]), "sql": "SELECT count(*) FROM range(1000000000000)"}
     assert _statement(worker, long, interrupt_after_s=0.2)[0]["error"] == "interrupted"
     assert worker.locked == {}
-    # The sets of the latest statements only: the one used longest ago is closed.
-    for path in files:
-        _statement(worker, _count(path))
-    assert list(worker.locked) == [(files[1],), (files[2],)]
+    # The callers of the latest statements only: the one seen longest ago loses its database.
+    for scope in ("ann", "bob", "cy"):
+        _statement(worker, _count(files[0], scope=scope))
+    assert list(worker.locked) == ["bob", "cy"]
     assert len(worker.locked) == w.LOCKED_KEYS
 
 
-def test_only_statements_over_files_alone_are_kept_by_their_files() -> None:
-    assert w.locked_key(_count("/d/b.parquet", files=["/d/b.parquet", "/d/a.parquet"])) == (
-        "/d/a.parquet",
-        "/d/b.parquet",
-    )
-    assert w.locked_key(_count("/d/a.parquet", dsns=["postgresql://h/db"])) is None
+def test_a_locked_database_holds_up_to_so_many_files(worker, files, monkeypatch) -> None:
+    monkeypatch.setattr(w, "LOCKED_MAX_FILES", 2)
+    for path in files:
+        _statement(worker, _count(path))
+    assert worker.locked["ann"].allowed == {files[2]}
+    assert len(worker.made) == 3
+
+
+def test_only_a_callers_statements_over_files_alone_have_a_scope() -> None:
+    assert w.locked_scope(_count("/d/a.parquet")) == "ann"
+    assert w.locked_scope(_count("/d/a.parquet", dsns=["postgresql://h/db"])) is None
+    assert w.locked_scope(_count("/d/a.parquet", scope="")) is None
     typing = {"op": "schema", "sql": "SELECT 1", "steps": [], "files": [], "dsns": []}
-    assert w.locked_key(typing) is None
+    assert w.locked_scope(typing) is None

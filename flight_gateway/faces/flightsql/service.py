@@ -265,8 +265,11 @@ class FlightSqlService:
                 self.relations.put(key, rel)
         return rel
 
-    def _run(self, plan: Plan, op: str) -> Execution:
+    def _run(self, plan: Plan, op: str, who: Principal | None = None) -> Execution:
         dsns = plan.dsns
+        scope = ""
+        if who is not None:  # the grants too: a database locked for a caller is not another's
+            scope = json.dumps([who.name, sorted({*who.read, *who.write, *who.admin})])
 
         def translate(kind: str, message: str) -> BaseException:
             return engine.translate(kind, message, self.limits, engine.secrets_of(dsns))
@@ -278,6 +281,7 @@ class FlightSqlService:
             timeout_s=self.limits.timeout_s,
             batch_rows=engine.BATCH_ROWS,
             translate=translate,
+            scope=scope,
         )
 
     def _sql(self, stmt: Statement) -> tuple[str, bool]:
@@ -334,7 +338,7 @@ class FlightSqlService:
             for r in rels
         }
         log.info("flight sql: %s", json.dumps(report))
-        stream = self.running.stream(key, self._run(plan, "run"))
+        stream = self.running.stream(key, self._run(plan, "run", who))
         if kept_as is not None and same_rows:
             stream = self.results.keeping(kept_as, stream)
         return tracing.traced_stream("sql.execute", stream)

@@ -32,6 +32,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 _HEADER = struct.Struct("!I")
@@ -46,10 +47,13 @@ SPARES = 2
 #: ... of the sets its latest statements attached (a statement over PostgreSQL sources and one
 #: over files alone, in turns, each find theirs: attaching a server costs ~80 ms).
 SPARE_KEYS = 2
-#: Databases whose sandbox a statement over files alone locked to its files, kept for the next
-#: statements over the same files (a fresh database costs ~8 ms of a tiny statement's ~10; a
-#: connection to a kept one ~0.05 ms): for the sets of files of this many latest statements...
+#: Databases whose sandbox a statement over files alone locked to its files (and to those of
+#: the database it replaces), kept for the next statements of the same caller over files among
+#: them (a fresh database costs ~8 ms of CPU, a tiny statement's ~10 ms; a connection to a kept
+#: one ~0.05 ms): for the callers (``scope``) of this many latest statements...
 LOCKED_KEYS = 2
+#: ... up to this many files each (a statement over others gets a database locked to its own).
+LOCKED_MAX_FILES = 10_000
 #: ... when what the statement left in the database (DuckDB's buffers: cached blocks of the
 #: files) is at most this.
 LOCKED_MAX_BYTES = 16 << 20
@@ -137,9 +141,11 @@ class Worker:
         #: its own, whose temporary views go with it. A fresh database costs ~10 ms, half a
         #: new statement's time in the worker.
         self._typing: Any = None
-        #: Databases locked to the files of a statement (when made, the database) by those
-        #: files, the set used last at the end: only the statement thread uses them.
-        self.locked: OrderedDict[tuple[str, ...], tuple[float, Any]] = OrderedDict()
+        #: Databases locked to the files of statements (``Locked``) by their caller's scope,
+        #: the one used last at the end: only the statement thread uses them.
+        self.locked: OrderedDict[str, Locked] = OrderedDict()
+        #: The running statement's database when it may be kept (``keep``).
+        self._current: Locked | None = None
 
     def connect(self, dsns: Sequence[str]) -> Any:
         """A fresh DuckDB database with the statement limits and ``dsns`` attached read-only as
@@ -264,31 +270,50 @@ class Worker:
             if con is not None:
                 con.close()
 
-    def _database(self, request: dict[str, Any], used: list[Any]) -> tuple[Any, bool]:
-        """A connection of its own for the statement (its relations go with it) to a database
-        locked to its files before, or to a fresh one (left in ``used``); whether its
-        sandbox is locked already."""
-        key = locked_key(request)
-        made, db = self.locked.pop(key, (0.0, None)) if key is not None else (0.0, None)
-        if db is not None and time.monotonic() - made >= SPARE_IDLE_S:
-            _close_all([db])
-            db = None
-        fresh = db is None
-        if db is None:
+    def _database(self, request: dict[str, Any], used: list[Any]) -> tuple[Any, list[str] | None]:
+        """A connection of its own for the statement (its relations go with it) to its caller's
+        database locked to files among which are all of the statement's, or to a fresh one
+        (left in ``used``); for a fresh one, the files to lock it to: the statement's and,
+        within ``LOCKED_MAX_FILES``, those of its caller's database it replaces."""
+        scope = locked_scope(request)
+        files = list(dict.fromkeys(request.get("files", [])))
+        if scope is None:
             db = self.connect(request.get("dsns") or [])
+            used.append(db)
+            return db.cursor(), files
+        held = self.locked.get(scope)
+        if held is not None and time.monotonic() - held.made >= SPARE_IDLE_S:
+            del self.locked[scope]
+            _close_all([held.db])
+            held = None
+        if held is not None and held.allowed.issuperset(files):
+            del self.locked[scope]  # back in ``keep`` if the statement leaves it fit
+            self._current = held
+            used.append(held.db)
+            return held.db.cursor(), None
+        allowed = files
+        if held is not None and len(held.allowed | set(files)) <= LOCKED_MAX_FILES:
+            allowed = sorted(held.allowed | set(files))
+        db = self.connect(())
+        self._current = Locked(time.monotonic(), db, frozenset(allowed))
         used.append(db)
-        return db.cursor(), not fresh
+        return db.cursor(), allowed
 
     def keep(self, request: dict[str, Any], answer: dict[str, Any], used: list[Any]) -> None:
-        """Keep the statement's database (``used``: its connection, then it) for the
-        next statements over the same files: one over files alone that ended well or with an
-        error of its own SQL, and left little in the database."""
-        key = locked_key(request)
-        if key is None or len(used) != 2 or answer.get("error") not in (None, "query"):
+        """Keep the statement's database (``used``: its connection, then it) for its caller's
+        next statements over its files: one over files alone that ended well or with an error
+        of its own SQL, and left little in the database. It replaces the one its caller had."""
+        current, self._current = self._current, None
+        scope = locked_scope(request)
+        if scope is None or current is None or len(used) != 2:
+            return
+        if answer.get("error") not in (None, "query"):
             return
         if any(step.get("materialize") for step in request.get("steps", [])):
             return
         con, db = used
+        if db is not current.db:
+            return
         _close_all([con])
         used.remove(db)
         try:
@@ -298,10 +323,12 @@ class Worker:
         if held is None or (held[0] or 0) > LOCKED_MAX_BYTES:
             used.append(db)
             return
-        self.locked[key] = (time.monotonic(), db)
-        self.locked.move_to_end(key)
+        replaced = self.locked.pop(scope, None)
+        if replaced is not None:
+            used.append(replaced.db)
+        self.locked[scope] = current
         while len(self.locked) > LOCKED_KEYS:
-            used.append(self.locked.popitem(last=False)[1][1])
+            used.append(self.locked.popitem(last=False)[1].db)
 
     # ------------------------------------------------------------------ one statement
 
@@ -316,9 +343,9 @@ class Worker:
         shared = typing_only(request)
         try:
             if shared:
-                con, locked = self.typing_connection(), True
+                con, lock_to = self.typing_connection(), None
             else:
-                con, locked = self._database(request, used)
+                con, lock_to = self._database(request, used)
             used.insert(0, con)
             threading.Thread(target=_watch, args=(interrupt_fd, con, finished), daemon=True).start()
             interrupt_fd = -1  # the watcher closes it
@@ -327,7 +354,7 @@ class Worker:
                     for step in request["steps"]:
                         con.execute(step["sql"])
                 else:
-                    _setup(con, request, fds, opened, locked)
+                    _setup(con, request, fds, opened, lock_to)
             except Exception as e:
                 raise SetupFailed(e) from e
             if op == "schema":
@@ -381,13 +408,22 @@ def typing_only(request: dict[str, Any]) -> bool:
     )
 
 
-def locked_key(request: dict[str, Any]) -> tuple[str, ...] | None:
-    """What a database locked to a statement's files is kept by: those files, for a statement
-    over files alone (a database with servers attached keeps their catalogs, which a server's
-    writers may change, and is not kept)."""
-    if request.get("dsns") or typing_only(request):
+@dataclass(frozen=True)
+class Locked:
+    """A database whose sandbox is locked to ``allowed`` (when made)."""
+
+    made: float
+    db: Any
+    allowed: frozenset[str]
+
+
+def locked_scope(request: dict[str, Any]) -> str | None:
+    """Whose locked database a statement may use: its caller's (the gateway's ``scope``: the
+    principal and its grants), for a statement over files alone (a database with servers
+    attached keeps their catalogs, which a server's writers may change, and is not kept)."""
+    if request.get("dsns") or typing_only(request) or not request.get("scope"):
         return None
-    return tuple(sorted(dict.fromkeys(request.get("files", []))))
+    return str(request["scope"])
 
 
 def _quick(request: dict[str, Any], took_s: float) -> bool:
@@ -407,11 +443,12 @@ def _close_all(things: list[Any]) -> None:
 
 
 def _setup(
-    con: Any, request: dict[str, Any], fds: list[int], opened: list[Any], locked: bool
+    con: Any, request: dict[str, Any], fds: list[int], opened: list[Any], lock_to: list[str] | None
 ) -> None:
-    """The statement's relations, then the sandbox unless ``locked`` already: external access
-    off (but to the pinned files and the database's spill directory, ``Worker._new``), config
-    locked (the settings are the database's: its later connections find them)."""
+    """The statement's relations, then the sandbox unless locked already (``lock_to`` None):
+    external access off but to the files ``lock_to`` (the pinned files; ``Worker._database``)
+    and the database's spill directory (``Worker._new``), config locked (the settings are the
+    database's: its later connections find them)."""
     import pyarrow as pa
 
     for step in request.get("steps", []):
@@ -428,9 +465,9 @@ def _setup(
                 f"CREATE TEMP TABLE {step['stream']}_rows AS SELECT * FROM {step['stream']}"
             )
             con.unregister(step["stream"])
-    if locked:
+    if lock_to is None:
         return
-    paths = ", ".join(_quote(f) for f in dict.fromkeys(request.get("files", [])))
+    paths = ", ".join(_quote(f) for f in lock_to)
     con.execute(
         f"SET allowed_paths = [{paths}]; SET enable_external_access = false; "
         "SET lock_configuration = true"

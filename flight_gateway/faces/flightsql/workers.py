@@ -232,9 +232,12 @@ class Plan:
     files: list[str] = field(default_factory=list)
     dsns: tuple[str, ...] = ()
 
-    def request(self, op: str, batch_rows: int) -> dict[str, Any]:
+    def request(self, op: str, batch_rows: int, scope: str = "") -> dict[str, Any]:
+        """What the worker is sent; ``scope``: whose statement it is (the caller and its grants):
+        a worker reuses a database locked to a caller's files for that caller alone."""
         return {
             "op": op,
+            "scope": scope,
             "sql": self.sql,
             "steps": self.steps,
             "files": self.files,
@@ -303,6 +306,7 @@ class Execution:
         timeout_s: float,
         batch_rows: int,
         translate: Callable[[str, str], BaseException],
+        scope: str = "",
     ) -> None:
         self.pool, self.plan, self.translate = pool, plan, translate
         # Before anything can fail: ``_died`` reads them.
@@ -327,7 +331,7 @@ class Execution:
                 r, w = _pipe()
                 fds.append(r)
                 self.feeders.append(_Feeder(open_, w))
-            self.worker.ask(plan.request(op, batch_rows), fds)
+            self.worker.ask(plan.request(op, batch_rows, scope), fds)
         except BaseException as e:
             _close(*fds)
             for f in self.feeders:
