@@ -11,7 +11,8 @@ fine), and nothing a statement computes can reach the gateway's memory.
 
 The gateway (``workers.py``) talks to a worker over a Unix socket: one JSON request at a time,
 with file descriptors attached (the result pipe, an interrupt pipe, one pipe per streamed
-source), and one JSON answer when the statement has ended. The result travels as an Arrow IPC
+source), and one JSON answer when the statement has ended (then, for a statement that took a
+while, a "settled" message once its database is closed). The result travels as an Arrow IPC
 stream on its own pipe. This module imports only DuckDB and pyarrow: it is the worker's
 ``__main__`` (``python -m flight_gateway.faces.flightsql.worker FD``).
 """
@@ -385,12 +386,21 @@ class Worker:
             answer = self.run(request, fds, used)
             shared = typing_only(request)
             quick = _quick(request, time.monotonic() - started)
-            if shared or not quick:
-                _close_all(used)  # what it holds is freed before the size the answer reports
+            if shared:
+                _close_all(used)
             if shared and answer.get("error") in ("memory", "internal"):
                 self.forget_typing()
             answer.update(_status())
+            if not quick:
+                answer["settling"] = True
             send(self.sock, answer)
+            if not quick:
+                # A larger statement's database is closed (~5-10 ms, freeing its memory) after
+                # its answer, off its caller's path, but before the gateway lends the worker
+                # again (it waits for this message): the worker's size the gateway checks then,
+                # and the next statement's memory bound, do not count it.
+                _close_all(used)
+                send(self.sock, {"settled": True, **_status()})
             if quick and not shared:
                 self.keep(request, answer, used)
             if not shared:  # a typing used no database of the spares
@@ -427,10 +437,11 @@ def locked_scope(request: dict[str, Any]) -> str | None:
 
 
 def _quick(request: dict[str, Any], took_s: float) -> bool:
-    """Whether a statement's database may be closed after its answer is sent (closing costs
-    ~2 ms): a short statement without temporary tables. A larger one's memory is freed first,
-    so that the worker's size in its answer (the gateway recycles a worker that grew) and the
-    next statement's memory bound do not count it."""
+    """Whether a statement's database may be closed by the closer thread, or kept
+    (``keep``), while the worker goes on (closing costs ~2 ms): a short statement without
+    temporary tables. A larger one's memory is freed before the worker takes another statement
+    (``serve``: its "settled" message), so that the worker's size the gateway checks then (it
+    recycles a worker that grew) and the next statement's memory bound do not count it."""
     materialized = any(step.get("materialize") for step in request.get("steps", []))
     return took_s < QUICK_S and not materialized
 

@@ -94,6 +94,9 @@ class Worker:
             raise Unavailable("a statement worker did not start (see the gateway's log)")
         self.base_rss = int(ready["VmRSS"])
         self.data_limit = int(ready["data_limit"])
+        #: Its last answer said it still closes that statement's database: a "settled" message
+        #: follows, read before it is lent again (``settle``).
+        self.settling = False
 
     @property
     def pid(self) -> int:
@@ -114,7 +117,15 @@ class Worker:
             os.close(fd)
         if message is None:
             raise WorkerDied(f"exit status {self.proc.wait()}")
+        self.settling = bool(message.get("settling"))
         return message
+
+    def settle(self) -> None:
+        """Wait until the worker has freed its last statement's database."""
+        if self.settling:
+            self.settling = False
+            if "settled" not in self.answer():
+                raise WorkerDied("a statement worker answered out of turn")
 
     def kill(self) -> None:
         self.killed = True
@@ -175,12 +186,22 @@ class WorkerPool:
         w.kill()
 
     def take(self) -> Worker:
+        while True:
+            w = self._take_idle()
+            if w is None:
+                break
+            try:
+                w.settle()
+            except WorkerDied:
+                w.kill()
+            else:
+                if not self._grown(w):
+                    return w
+                w.kill()
+            with self._lock:
+                self._lent -= 1
+            self._replace()
         with self._lock:
-            if self._closed:
-                raise Unavailable("the gateway is shutting down")
-            if self._idle:
-                self._lent += 1
-                return self._idle.pop()
             self._lent += 1
         try:
             w = Worker(self.limits)
@@ -192,8 +213,25 @@ class WorkerPool:
             self.started += 1
         return w
 
+    def _take_idle(self) -> Worker | None:
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the gateway is shutting down")
+            if not self._idle:
+                return None
+            self._lent += 1
+            # The latest given back that is not closing a database, else the latest.
+            ready = [i for i, w in enumerate(self._idle) if not w.settling]
+            return self._idle.pop(ready[-1] if ready else -1)
+
+    @staticmethod
+    def _grown(w: Worker) -> bool:
+        return w.rss() - w.base_rss > RECYCLE_MB << 20
+
     def give_back(self, w: Worker, healthy: bool) -> None:
-        grown = w.rss() - w.base_rss > RECYCLE_MB << 20
+        """A worker still closing its statement's database (``settling``) is checked for size
+        when it is taken next, once it has."""
+        grown = not w.settling and self._grown(w)
         with self._lock:
             self._lent -= 1
             if healthy and not grown and not w.killed and not self._closed:
@@ -201,7 +239,10 @@ class WorkerPool:
                 return
         if not w.killed:
             w.kill()
-        if not self._closed:  # its replacement starts now, off the next statement's path
+        self._replace()
+
+    def _replace(self) -> None:
+        if not self._closed:  # the replacement starts now, off the next statement's path
             threading.Thread(target=self._prewarm, daemon=True, name="sql-worker-start").start()
 
     def pids(self) -> list[int]:
