@@ -4,10 +4,13 @@ only once the worker says it has, checking then whether it grew."""
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import pytest
 
+from flight_gateway.faces.flightsql import worker as protocol
 from flight_gateway.faces.flightsql.workers import Execution, Plan, WorkerLimits, WorkerPool
 
 LONG = "SELECT sum(hash(range)) % 7 AS n FROM range(100000000)"  # well over 50 ms
@@ -45,3 +48,25 @@ def test_a_worker_that_grew_is_replaced_when_it_is_taken(pool, monkeypatch) -> N
     other = pool.take()
     assert other is not worker and worker.killed
     pool.give_back(other, healthy=False)
+
+
+def test_messages_sent_back_to_back_are_received_one_at_a_time() -> None:
+    """An answer and the "settled" after it can arrive in one read: each is received whole."""
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    try:
+        protocol.send(a, {"rows": 1, "settling": True})
+        protocol.send(a, {"settled": True})
+        protocol.send(a, {"op": "run"}, [r])
+        protocol.send(a, {"op": "next", "pad": "x" * 10_000})
+        assert protocol.receive(b) == ({"rows": 1, "settling": True}, [])
+        assert protocol.receive(b) == ({"settled": True}, [])
+        request, fds = protocol.receive(b)
+        assert request == {"op": "run"} and len(fds) == 1
+        os.close(fds[0])
+        assert protocol.receive(b) == ({"op": "next", "pad": "x" * 10_000}, [])
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        a.close()
+        b.close()

@@ -80,12 +80,13 @@ def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) 
 
 
 def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """The next message and its descriptors; (None, []) when the other side has gone."""
-    data, fds, _, _ = socket.recv_fds(sock, 4096, MAX_FDS)
+    """The next message and its descriptors; (None, []) when the other side has gone. Reads
+    exactly one message: another may follow it at once (a "settled" after an answer)."""
+    data, fds, _, _ = socket.recv_fds(sock, _HEADER.size, MAX_FDS)
     if not data:
         return None, list(fds)
     while len(data) < _HEADER.size:
-        more = sock.recv(4096)
+        more = sock.recv(_HEADER.size - len(data))
         if not more:
             return None, list(fds)
         data += more
