@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.errors import HarnessError, InvalidArgument, Unavailable
-from planners import locations
+from planners import ducklake_pool, locations
 from planners.common import (
     DEFAULT_BATCH_ROWS,
     apply_residual,
@@ -58,22 +58,13 @@ class DuckLakeConfig(SourceConfig):
 
 
 def connect(config: Mapping[str, Any], *, read_only: bool = True) -> Any:
-    """A DuckDB connection with the lake attached as ``lake`` (extensions loaded offline)."""
-    import duckdb
-    import duckdb_extensions
-
+    """A DuckDB connection with the lake attached as ``lake`` (extensions loaded offline);
+    read-only, one of the databases ``ducklake_pool`` keeps (its ``close`` gives it back)."""
     metadata, data_path = config.get("metadata"), config.get("data_path")
     if not isinstance(metadata, str) or not metadata:
         raise InvalidArgument("ducklake source config needs 'metadata'")
-    con = duckdb.connect(
-        config={"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
-    )
+    con = ducklake_pool.take(_database) if read_only else _database()
     try:
-        duckdb_extensions.import_extension("ducklake", con=con)
-        if metadata.startswith("sqlite:"):
-            duckdb_extensions.import_extension("sqlite", con=con)
-        if metadata.startswith("postgres:"):
-            duckdb_extensions.import_extension("postgres", con=con)
         # ATTACH takes no bind parameters: quote the (catalog-configured) paths as literals.
         options = [f"DATA_PATH {_literal(str(data_path))}"] if data_path else []
         if read_only:
@@ -84,6 +75,23 @@ def connect(config: Mapping[str, Any], *, read_only: bool = True) -> Any:
     except Exception as e:
         con.close()
         raise Unavailable(f"cannot attach DuckLake {metadata!r}: {e}") from e
+    return ducklake_pool.Pooled(con, "lake") if read_only else con
+
+
+def _database() -> Any:
+    """A DuckDB database with the extensions a lake's metadata may need loaded (offline)."""
+    import duckdb
+    import duckdb_extensions
+
+    con = duckdb.connect(
+        config={"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+    )
+    try:
+        for name in ("ducklake", "sqlite", "postgres"):
+            duckdb_extensions.import_extension(name, con=con)
+    except Exception:
+        con.close()
+        raise
     return con
 
 
