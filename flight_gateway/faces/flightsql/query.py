@@ -371,7 +371,7 @@ def rewrite(tree: exp.Query, refs: Sequence[TableRef], relation_of: Sequence[int
     for i, node in _rewrite_targets(copy, refs):
         view = exp.to_table(f"__harness_{relation_of[i]}")
         node.replace(exp.alias_(view, refs[i].alias, table=True))
-    return copy.sql(DIALECT)
+    return copy.sql(DIALECT, copy=False)  # a copy already: the generator may change it
 
 
 def reads_more_than_once(tree: exp.Query) -> bool:
