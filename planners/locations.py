@@ -217,21 +217,11 @@ _c_realpath = _find_c_realpath()
 
 def storage(key: str, value: str) -> list[Reach]:
     """Every reading of a storage location (see the module docstring); each must be allowed."""
-    if not isinstance(value, str) or not value:
-        raise _refuse(key, "must be a non-empty path or URI")
-    if "\x00" in value:
-        raise _refuse(key, "contains a NUL character")
-    if not is_uri(value):
-        return [Reach("path", key, local_real(value))]
+    local = _local_paths(key, value)
+    if local is not None:
+        return [Reach("path", key, r) for r in sorted({local_real(p) for p in local})]
     parts = urlsplit(value)
     scheme = parts.scheme.lower()
-    if scheme == "file":
-        if parts.query or parts.fragment:
-            raise _refuse(key, "a query or fragment in a file: URI is not allowed")
-        if parts.netloc not in ("", "localhost"):
-            raise _refuse(key, "a file: URI may not name a host")
-        readings = {local_real(parts.path), local_real(unquote(parts.path))}
-        return [Reach("path", key, r) for r in sorted(readings)]
     if parts.fragment:
         raise _refuse(key, "a fragment in a storage URI is not allowed")
     out = _object_store(key, scheme, parts.netloc, parts.path)
@@ -270,6 +260,25 @@ def _store_query(key: str, scheme: str, query: str) -> list[Reach]:
     return out
 
 
+def _local_paths(key: str, value: str) -> list[str] | None:
+    """The local paths (not resolved) ``storage`` reads ``value`` as, or None when it is not
+    local; refuses what is no location at all and a ``file:`` URI with more than a path."""
+    if not isinstance(value, str) or not value:
+        raise _refuse(key, "must be a non-empty path or URI")
+    if "\x00" in value:
+        raise _refuse(key, "contains a NUL character")
+    if not is_uri(value):
+        return [value]
+    parts = urlsplit(value)
+    if parts.scheme.lower() != "file":
+        return None
+    if parts.query or parts.fragment:
+        raise _refuse(key, "a query or fragment in a file: URI is not allowed")
+    if parts.netloc not in ("", "localhost"):
+        raise _refuse(key, "a file: URI may not name a host")
+    return list(dict.fromkeys((parts.path, unquote(parts.path))))
+
+
 def files(key: str, paths: Iterable[str]) -> list[Reach]:
     """The readings of every file a read opens (data, delete, manifest, log files): each as
     ``storage`` reads it, the local ones resolved per directory (``local_reals``). An Iceberg
@@ -278,27 +287,12 @@ def files(key: str, paths: Iterable[str]) -> list[Reach]:
     out: list[Reach] = []
     local: list[str] = []
     for p in paths:
-        raw = _local_readings(p)
+        raw = _local_paths(key, p)
         if raw is None:
             out += storage(key, p)
         else:
             local += raw
     return out + [Reach("path", key, r) for r in dict.fromkeys(local_reals(local))]
-
-
-def _local_readings(value: str) -> list[str] | None:
-    """The local paths ``storage`` would resolve for ``value`` (checked as it checks them),
-    or None when ``value`` is not local."""
-    if not isinstance(value, str) or not value or "\x00" in value:
-        return None  # storage refuses it
-    if not is_uri(value):
-        return [value]
-    parts = urlsplit(value)
-    if parts.scheme.lower() != "file" or parts.query or parts.fragment:
-        return None
-    if parts.netloc not in ("", "localhost"):
-        return None
-    return list(dict.fromkeys((parts.path, unquote(parts.path))))
 
 
 #: From this many files in one directory on, its listing is read once instead of one ``lstat``

@@ -69,7 +69,8 @@ def _statement(
                 rows = pa.ipc.open_stream(f).read_all()
             except pa.ArrowInvalid:
                 rows = None
-        worker.keep(request, answer, used)
+        if w._quick(request, 0.0):  # as ``serve`` keeps only a quick statement's database
+            worker.keep(request, answer, used)
     finally:
         w._close_all(used)
         os.close(interrupt_w)

@@ -303,15 +303,14 @@ class Worker:
 
     def keep(self, request: dict[str, Any], answer: dict[str, Any], used: list[Any]) -> None:
         """Keep the statement's database (``used``: its connection, then it) for its caller's
-        next statements over its files: one over files alone that ended well or with an error
-        of its own SQL, and left little in the database. It replaces the one its caller had."""
+        next statements over its files: a quick one (``_quick``: nothing materialized) over
+        files alone that ended well or with an error of its own SQL, and left little in the
+        database. It replaces the one its caller had."""
         current, self._current = self._current, None
         scope = locked_scope(request)
         if scope is None or current is None or len(used) != 2:
             return
         if answer.get("error") not in (None, "query"):
-            return
-        if any(step.get("materialize") for step in request.get("steps", [])):
             return
         con, db = used
         if db is not current.db:
