@@ -154,7 +154,7 @@ def test_a_repeated_statement_is_parsed_and_prepared_once(tmp_path: Path) -> Non
 
 
 def test_a_new_statement_is_parsed_once_on_its_first_run(tmp_path: Path, monkeypatch) -> None:
-    """ADBC prepares a new text, then runs it: the handle's first typing and execution copy the
+    """ADBC prepares a new text, then runs it: the handle's first typing and execution read the
     tree the prepare parsed (``trees``) rather than parse the text again."""
     import duckdb
 

@@ -204,19 +204,20 @@ def _with_of(node: Any) -> Any:
 def _visible_ctes(node: exp.Table) -> Iterator[str]:
     """Names of the CTEs in scope at ``node`` (SQL scoping: a query's CTEs are visible in its
     body and in later CTEs of the same WITH, a CTE in itself only under RECURSIVE)."""
+    below: Any = None  # the child of ``child`` on the way up from ``node``
     child: Any = node
     parent: Any = node.parent
     while parent is not None:
         with_ = _with_of(parent) if isinstance(parent, exp.Query) else None
         if with_ is not None:
             ctes = list(with_.expressions)
-            if child is with_:  # inside the WITH: find which CTE holds the node
-                inside = next(i for i, c in enumerate(ctes) if any(n is node for n in c.walk()))
+            if child is with_:  # inside the WITH: ``below`` is the CTE that holds the node
+                inside = next(i for i, c in enumerate(ctes) if c is below)
                 upto = inside + 1 if with_.args.get("recursive") else inside
                 yield from (c.alias_or_name for c in ctes[:upto])
             else:
                 yield from (c.alias_or_name for c in ctes)
-        child, parent = parent, parent.parent
+        below, child, parent = child, parent, parent.parent
 
 
 def is_cte_reference(node: exp.Table) -> bool:
@@ -275,39 +276,44 @@ def _pin(ref: TableRef, version: exp.Expression | None) -> None:
         ref.as_of = parse_timestamp(literal, "FOR TIMESTAMP AS OF")
 
 
-def _actual(name: str, names: set[str]) -> str | None:
-    """The column ``name`` refers to among ``names`` (DuckDB matches names without case)."""
-    if name in names:
-        return name
-    lowered = name.lower()
-    return next((n for n in sorted(names) if n.lower() == lowered), None)
+class _Names:
+    """A reference's column names, matched as DuckDB matches them: exactly, else without case
+    (the first in sorted order of those equal without case)."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.exact = names
+        self.lowered: dict[str, str] = {}
+        for n in sorted(names):
+            self.lowered.setdefault(n.lower(), n)
+
+    def actual(self, name: str) -> str | None:
+        """The column ``name`` refers to, or None."""
+        return name if name in self.exact else self.lowered.get(name.lower())
 
 
-def _owner(col: exp.Column, refs: Sequence[TableRef], schemas: Mapping[str, set[str]]) -> list[int]:
+def _owner(col: exp.Column, refs: Sequence[TableRef], names: Mapping[str, _Names]) -> list[int]:
     """Indexes of the refs a column may belong to."""
     if col.table:
         qualifier = col.table.lower()
         return [i for i, r in enumerate(refs) if r.alias.lower() == qualifier]
-    return [i for i, r in enumerate(refs) if _actual(col.name, schemas[r.alias]) is not None]
+    return [i for i, r in enumerate(refs) if names[r.alias].actual(col.name) is not None]
 
 
 def _reads_whole_rows(
-    tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]
+    nodes: Mapping[type, list[Any]], refs: list[TableRef], names: Mapping[str, _Names]
 ) -> None:
     """References whose columns cannot be listed from the SQL read all of them: ``*``,
     ``COLUMNS(...)``, ``JOIN ... USING``, a table alias used as a value (its whole row)."""
-    everything = tree.find(exp.Columns) is not None or any(
-        j.args.get("using") for j in tree.find_all(exp.Join)
-    )
-    for star in tree.find_all(exp.Star):
+    everything = bool(nodes[exp.Columns]) or any(j.args.get("using") for j in nodes[exp.Join])
+    for star in nodes[exp.Star]:
         if isinstance(star.parent, exp.Count):
             continue
         qualifier = star.parent.table.lower() if isinstance(star.parent, exp.Column) else ""
         for r in refs:
             if not qualifier or r.alias.lower() == qualifier:
                 r.columns = None
-    for col in tree.find_all(exp.Column):
-        if col.table or any(_actual(col.name, names) for names in schemas.values()):
+    for col in nodes[exp.Column]:
+        if col.table or any(n.actual(col.name) for n in names.values()):
             continue
         for r in refs:
             if r.alias.lower() == col.name.lower():
@@ -317,12 +323,20 @@ def _reads_whole_rows(
             r.columns = None
 
 
-def _needed_columns(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]) -> None:
-    _reads_whole_rows(tree, refs, schemas)
-    for col in tree.find_all(exp.Column):
-        for i in _owner(col, refs, schemas):
+def _needed_columns(tree: exp.Query, refs: list[TableRef], names: Mapping[str, _Names]) -> None:
+    # One walk of the tree for every kind of node looked at (a walk per kind, and per
+    # column of each reference, was most of a new TPC-DS statement's planning).
+    wanted = (exp.Column, exp.Star, exp.Columns, exp.Join)
+    nodes: dict[type, list[Any]] = {kind: [] for kind in wanted}
+    for node in tree.walk():
+        for kind in wanted:
+            if isinstance(node, kind):
+                nodes[kind].append(node)
+    _reads_whole_rows(nodes, refs, names)
+    for col in nodes[exp.Column]:
+        for i in _owner(col, refs, names):
             cols = refs[i].columns
-            actual = _actual(col.name, schemas[refs[i].alias])
+            actual = names[refs[i].alias].actual(col.name)
             if cols is not None and actual is not None:
                 cols.add(actual)
 
@@ -335,7 +349,7 @@ def _conjuncts(where: Any) -> list[Any]:
     return [where]
 
 
-def _pushdown(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]) -> None:
+def _pushdown(tree: exp.Query, refs: list[TableRef], names: Mapping[str, _Names]) -> None:
     if not isinstance(tree, exp.Select) or tree.args.get("where") is None:
         return
     joins = tree.args.get("joins") or []
@@ -346,7 +360,7 @@ def _pushdown(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[s
     for conj in _conjuncts(tree.args["where"].this):
         if conj.find(exp.Subquery, exp.Select, exp.Placeholder):
             continue
-        owners = {i for c in conj.find_all(exp.Column) for i in _owner(c, refs, schemas)}
+        owners = {i for c in conj.find_all(exp.Column) for i in _owner(c, refs, names)}
         if len(owners) != 1:
             continue
         ref = refs[owners.pop()]
@@ -360,8 +374,9 @@ def _pushdown(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[s
 
 def plan_refs(tree: exp.Query, refs: list[TableRef], schemas: Mapping[str, set[str]]) -> None:
     """Fill each ref's needed columns and pushable filters."""
-    _needed_columns(tree, refs, schemas)
-    _pushdown(tree, refs, schemas)
+    names = {alias: _Names(columns) for alias, columns in schemas.items()}
+    _needed_columns(tree, refs, names)
+    _pushdown(tree, refs, names)
 
 
 def rewrite(tree: exp.Query, refs: Sequence[TableRef], relation_of: Sequence[int]) -> str:

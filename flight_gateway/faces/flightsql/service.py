@@ -113,8 +113,9 @@ class FlightSqlService:
         self.rewritten: plans.Lru[tuple[str, bool]] = plans.Lru("rewritten", 4096, 4096)
         self.parsed: plans.Lru[tuple[str, Named]] = plans.Lru("parsed", 4096, 4096)
         #: A statement's parsed tree by its text as handles carry it, read-only: the handle's
-        #: first execution (or typing) copies it rather than parse the text again (a copy
-        #: costs about a third of a parse).
+        #: first execution (or typing) reads it rather than parse the text again. Nothing
+        #: changes a tree after its parse (``query.rewrite`` changes a copy of its own), so
+        #: statements share it as they share ``prepared``'s.
         self.trees: plans.Lru[Any] = plans.Lru("trees", 256, 256)
         self.prepared: plans.Lru[tuple[Any, list[query.TableRef]]] = plans.Lru(
             "prepared", 1024, 1024
@@ -192,7 +193,7 @@ class FlightSqlService:
                 pins = [(r.table, r.version, None, i) for r, i in zip(refs, ids, strict=True)]
                 return tree, refs, self.reads.snapshots(pins)
         parsed = self.trees.peek(handle["sql"])
-        tree = parsed.copy() if parsed is not None else query.parse(handle["sql"])
+        tree = parsed if parsed is not None else query.parse(handle["sql"])
         refs = query.table_refs(tree)
         if who is not None:
             for ref in refs:
