@@ -67,6 +67,21 @@ def test_a_snapshot_its_files_do_not_hold_exactly_is_left_to_a_slice(
     assert DuckLakeKind().layout(_request(lake, snap)) is None
 
 
+def test_inlined_rows_the_row_count_does_not_show_are_left_to_a_slice(
+    lake: DuckLakeFixture,
+) -> None:
+    """One row inlined in, one deleted inline: the files' row count is the snapshot's, their
+    rows are not. Only the snapshots' recorded changes tell (also of another table's inlined
+    rows, which must not count)."""
+    lake.execute("CREATE TABLE lake.other (id BIGINT)", "INSERT INTO lake.other VALUES (1)")
+    lake.execute(MANY.format(0, 300))
+    request = _request(lake, lake.execute("SELECT 1"))
+    assert DuckLakeKind().layout(request) is not None  # the other table's inlined row
+    snap = lake.execute("INSERT INTO lake.r VALUES (1000, 'x')", "DELETE FROM lake.r WHERE id = 5")
+    assert len(_lake_rows(lake, snap)) == 300
+    assert DuckLakeKind().layout(_request(lake, snap)) is None
+
+
 def test_a_partitioned_table_is_left_to_a_slice(lake: DuckLakeFixture) -> None:
     snap = lake.execute("ALTER TABLE lake.r SET PARTITIONED BY (region)", MANY.format(0, 300))
     assert DuckLakeKind().layout(_request(lake, snap)) is None
