@@ -269,6 +269,10 @@ def _postmaster_pid(data: Path) -> int | None:
     return pid
 
 
+#: Connections the servers started here take (the settings are written at each start).
+MAX_CONNECTIONS = 400
+
+
 def _start(inst: Install, data: Path, host: str, port: int) -> None:
     if not (data / "PG_VERSION").exists():
         shutil.rmtree(data, ignore_errors=True)
@@ -278,6 +282,10 @@ def _start(inst: Install, data: Path, host: str, port: int) -> None:
     settings = (
         f"listen_addresses = '{host}'\nport = {port}\n"
         "unix_socket_directories = ''\n"  # TCP only: a socket path could exceed 107 bytes
+        # Sized for replicas (docs/operations.md): a gateway's catalog alone may hold 104
+        # connections at its peak; the default 100 refused a fresh gateway's first burst
+        # under the full chaos load ("too many clients already"), failing catalog calls.
+        f"max_connections = {MAX_CONNECTIONS}\n"
     )
     conf = data / "postgresql.auto.conf"
     conf.write_text("# written by flight_gateway.local.postgres\n" + settings)
