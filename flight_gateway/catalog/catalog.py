@@ -58,8 +58,14 @@ class Catalog:
         self.url = db.normalize_url(url)
         self.engine = db.make_engine(self.url)
         db.migrate(self.engine)
-        # One-statement transactions (commits, lock steps) on Postgres: one round trip each.
-        self._fast = db.autocommit_engine(self.url) if not db.is_sqlite(self.engine) else None
+        self._fast = None
+        if not db.is_sqlite(self.engine):
+            usable = db.usable_connections(self.engine)
+            if db.pool_sizes(usable) != db.pool_sizes(None):  # a small server: fit the pools
+                self.engine.dispose()
+                self.engine = db.make_engine(self.url, usable)
+            # One-statement transactions (commits, lock steps): one round trip each.
+            self._fast = db.autocommit_engine(self.url, usable)
         self._commits = Committer(
             self.engine, self._fast, group_commit=group_commit, max_group=max_group
         )

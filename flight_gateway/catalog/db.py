@@ -225,7 +225,9 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, usable: int | None = None) -> Engine:
+    """The catalog's engine; on PostgreSQL its pool fitted to a server that leaves ``usable``
+    connections to clients (``pool_sizes``; None: the defaults)."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
         # A few connections kept open (one thread uses a connection at a time): opening one
@@ -260,22 +262,60 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql(f"BEGIN {mode}")
 
         return engine
-    return create_engine(url, pool_size=8, max_overflow=32, pool_pre_ping=True)
+    main, _ = pool_sizes(usable)
+    return create_engine(url, pool_size=main[0], max_overflow=main[1], pool_pre_ping=True)
 
 
-def autocommit_engine(url: str) -> Engine:
+#: (pool_size, max_overflow) of a catalog's engines on PostgreSQL when the server has room:
+#: transactions and reads (8 kept, up to 40), and one-statement commits and lock steps (32
+#: kept, up to 64: a busy gateway has a few dozen in flight).
+MAIN_POOL, FAST_POOL = (8, 32), (32, 32)
+
+
+def pool_sizes(usable: int | None) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(pool_size, max_overflow) of a catalog's two engines on a server that leaves ``usable``
+    connections to clients (None: unknown, the defaults). One catalog (one gateway) takes at
+    most half of them, shared between its engines in the defaults' proportion, so a replica,
+    maintenance and the sources' pools find room: past the server's limit a new connection is
+    refused ("too many clients already") and the call fails, while below a pool's cap a caller
+    waits for a connection another gives back (no catalog path holds two at once)."""
+    if usable is None:
+        return MAIN_POOL, FAST_POOL
+    main_max, fast_max = sum(MAIN_POOL), sum(FAST_POOL)
+    budget = max(4, usable // 2)
+    main_total = min(main_max, max(2, budget * main_max // (main_max + fast_max)))
+    fast_total = min(fast_max, max(2, budget - main_total))
+    main_kept, fast_kept = min(MAIN_POOL[0], main_total), min(FAST_POOL[0], fast_total)
+    return (main_kept, main_total - main_kept), (fast_kept, fast_total - fast_kept)
+
+
+def usable_connections(engine: Engine) -> int | None:
+    """Connections the catalog's PostgreSQL server leaves to clients (its ``max_connections``
+    less those reserved for superusers); None on SQLite."""
+    if is_sqlite(engine):
+        return None
+    with engine.connect() as conn:
+        row = conn.exec_driver_sql(
+            "SELECT current_setting('max_connections')::int"
+            " - current_setting('superuser_reserved_connections')::int"
+        ).first()
+    return int(row[0]) if row is not None else None
+
+
+def autocommit_engine(url: str, usable: int | None = None) -> Engine:
     """Postgres connections for one-statement transactions (the commit and lock functions).
 
     In autocommit mode the statement is its own transaction: no BEGIN or COMMIT round trips.
     No ping before use either (another round trip): callers retry once on a dead connection,
     which is safe because what they send is idempotent (commit ids, lock ids).
     """
+    _, fast = pool_sizes(usable)
     return create_engine(
         normalize_url(url),
         isolation_level="AUTOCOMMIT",
         # Kept open, not closed on return: a busy gateway has a few dozen commits in flight.
-        pool_size=32,
-        max_overflow=32,
+        pool_size=fast[0],
+        max_overflow=fast[1],
         pool_reset_on_return=None,
     )
 

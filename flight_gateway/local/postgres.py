@@ -273,7 +273,9 @@ def _postmaster_pid(data: Path) -> int | None:
 MAX_CONNECTIONS = 400
 
 
-def _start(inst: Install, data: Path, host: str, port: int) -> None:
+def _start(
+    inst: Install, data: Path, host: str, port: int, max_connections: int = MAX_CONNECTIONS
+) -> None:
     if not (data / "PG_VERSION").exists():
         shutil.rmtree(data, ignore_errors=True)
         shutil.copytree(inst.template, data, symlinks=True)
@@ -285,7 +287,7 @@ def _start(inst: Install, data: Path, host: str, port: int) -> None:
         # Sized for replicas (docs/operations.md): a gateway's catalog alone may hold 104
         # connections at its peak; the default 100 refused a fresh gateway's first burst
         # under the full chaos load ("too many clients already"), failing catalog calls.
-        f"max_connections = {MAX_CONNECTIONS}\n"
+        f"max_connections = {int(max_connections)}\n"
     )
     conf = data / "postgresql.auto.conf"
     conf.write_text("# written by flight_gateway.local.postgres\n" + settings)
@@ -397,9 +399,9 @@ def session_server(dsn: str | None = None) -> Iterator[Running]:
 
 
 @contextlib.contextmanager
-def extra_servers(count: int) -> Iterator[list[str]]:
-    """``count`` more servers on free loopback ports (shards, replicas), each its own cluster;
-    yields their admin DSNs and removes them afterwards."""
+def extra_servers(count: int, max_connections: int = MAX_CONNECTIONS) -> Iterator[list[str]]:
+    """``count`` more servers on free loopback ports (shards, replicas), each its own cluster
+    taking ``max_connections``; yields their admin DSNs and removes them afterwards."""
     with _locked():
         inst = install()
     made: list[Path] = []
@@ -409,7 +411,7 @@ def extra_servers(count: int) -> Iterator[list[str]]:
             data = inst.home / f"extra-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             made.append(data)
             port = _free_port()
-            _start(inst, data, "127.0.0.1", port)
+            _start(inst, data, "127.0.0.1", port, max_connections)
             dsns.append(f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres")
         yield dsns
     finally:
