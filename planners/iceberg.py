@@ -251,6 +251,50 @@ def snapshot_properties(snap: Any) -> dict[str, str]:
     return dict(snap.summary.additional_properties) if snap.summary is not None else {}
 
 
+def _after_state(table: Any, name: str, state: Mapping[str, Any], commit_id: str) -> Any | None:
+    """Before a harness write under the source's lock: the snapshot an earlier try of
+    ``commit_id`` made (a retry reuses it), else None, once the table is back at the state
+    when only abandoned harness writes lie beyond it (``_drop_abandoned``)."""
+    since, on_lineage = lineage_after(table, _snapshot_id(name, state))
+    for snap in since:
+        if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == commit_id:
+            return snap
+    if since and on_lineage:
+        _drop_abandoned(table, name, _snapshot_id(name, state), since)
+    return None
+
+
+def _drop_abandoned(table: Any, name: str, state_id: int | None, since: Sequence[Any]) -> None:
+    """Move the table's main branch back to ``state_id`` when every snapshot after it is a
+    harness write (a DoPut's append or upsert, a Spark write) that no harness commit published:
+    its gateway died between its Iceberg commit and the catalog's. Writing on top would publish
+    its rows with this write, and its client's retry (same commit id, after the lock's lease
+    ran out) would not find its snapshot past the new state and write them again: rows read
+    twice (the failover chaos bench, 1 run in ~10). Moves and compactions (relocations) and
+    snapshots of writers outside the harness are left as they are, written on top as before."""
+    from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+    from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotRefUpdate
+
+    from planners.iceberg_tx import transaction
+
+    for snap in since:
+        props = snapshot_properties(snap)
+        if ops.SNAP_COMMIT_ID not in props or ops.snapshot_is_relocation(props):
+            return
+    current = since[-1].snapshot_id
+    log.warning("iceberg source %r: snapshots %s were written by harness commits that never "
+                "landed: the table goes back to snapshot %s", name,
+                [s.snapshot_id for s in since], state_id)  # fmt: skip
+    with transaction(table) as tx:
+        if state_id is None:  # nothing was ever published: no snapshot is current
+            # pyiceberg's own calls (mypy sees only the models' hyphenated aliases)
+            removed = RemoveSnapshotRefUpdate(ref_name=MAIN_BRANCH)  # type: ignore[call-arg]
+            still = AssertRefSnapshotId(snapshot_id=current, ref=MAIN_BRANCH)  # type: ignore[call-arg]
+            tx._stage((removed,), (still,))
+        else:
+            tx._stage(*tx._set_ref_snapshot(state_id, MAIN_BRANCH, SnapshotRefType.BRANCH))
+
+
 def added_data_files(table: Any, snap: Any) -> list[str]:
     """Paths of the data files ``snap`` itself added."""
     return [
@@ -422,9 +466,9 @@ class IcebergKind(SourceKind):
         src = ctx.source
         table = load_table(src.config, ctx.guard)
         # An earlier try of this commit may have appended already: reuse that snapshot.
-        for snap in lineage_after(table, _snapshot_id(src.name, src.state))[0]:
-            if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == ctx.commit_id:
-                return {**src.state, "snapshot_id": snap.snapshot_id}
+        earlier = _after_state(table, src.name, src.state, ctx.commit_id)
+        if earlier is not None:
+            return {**src.state, "snapshot_id": earlier.snapshot_id}
         from planners.iceberg_tx import append
 
         schema = table.schema().as_arrow()
@@ -442,9 +486,9 @@ class IcebergKind(SourceKind):
 
         src = ctx.source
         table = load_table(src.config, ctx.guard)
-        for snap in lineage_after(table, _snapshot_id(src.name, src.state))[0]:
-            if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == ctx.commit_id:
-                return {**src.state, "snapshot_id": snap.snapshot_id}  # a retry
+        earlier = _after_state(table, src.name, src.state, ctx.commit_id)
+        if earlier is not None:
+            return {**src.state, "snapshot_id": earlier.snapshot_id}  # a retry
         schema = table.schema()
         touched = pa.concat_tables([upserts.select(list(key)), deletes.select(list(key))])
         touched = to_physical(touched, [f.name for f in schema.fields], ctx.aliases)

@@ -121,6 +121,35 @@ def test_iceberg_plan_read_append_and_added(iceberg: IcebergFixture) -> None:
     assert sorted(ids) == [6, 7]
 
 
+@pytest.mark.parametrize("published", [True, False])
+def test_iceberg_write_whose_commit_never_landed_is_neither_published_nor_doubled(
+    iceberg: IcebergFixture, published: bool
+) -> None:
+    """A gateway died between a DoPut's Iceberg append ("a", rows 6-7) and its catalog commit.
+    The next writer of the source (the lock's lease ran out) appends from the published state,
+    not on top of the abandoned snapshot; the dead DoPut's retry (same commit id) then appends
+    its rows once. Before, the next writer published "a"'s rows and the retry wrote them again
+    (the failover chaos bench read 100 rows twice). Also from a table with no snapshot yet."""
+    kind = registry.get_kind("iceberg")
+    table = iceberg.create("unit", ARROW)
+    config = iceberg.source_config("unit")
+    state: dict[str, Any] = {"snapshot_id": None}
+    if published:
+        table.append(data(range(0, 6)))
+        state = {"snapshot_id": table.current_snapshot().snapshot_id}
+    base = list(range(6)) if published else []
+    source = request("iceberg", config, state).source
+    kind.append(AppendContext(source, "a", {}), data(range(6, 8)))  # its commit never lands
+    after_b = kind.append(AppendContext(source, "b", {}), data(range(8, 10)))
+    assert read_all(kind, request("iceberg", config, after_b)) == [*base, 8, 9]
+    retried = request("iceberg", config, after_b).source
+    after_a = kind.append(AppendContext(retried, "a", {}), data(range(6, 8)))
+    assert read_all(kind, request("iceberg", config, after_a)) == [*base, 6, 7, 8, 9]
+    table.refresh()  # pyiceberg, the peer, reads the table's current snapshot the same
+    got = table.scan().to_arrow().column("id").to_pylist()
+    assert sorted(got) == sorted([*base, 6, 7, 8, 9])
+
+
 def test_ducklake_read_at_a_snapshot(ducklake: DuckLakeFixture) -> None:
     kind = registry.get_kind("ducklake")
     ducklake.execute("CREATE TABLE lake.u (id BIGINT, name VARCHAR)")
