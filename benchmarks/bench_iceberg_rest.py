@@ -59,7 +59,9 @@ def _best(fn: Any, repeats: int = 3) -> float:
 def _load_s(uri: str, table: str) -> float:
     started = time.perf_counter()
     try:
-        with urllib.request.urlopen(f"{uri}/v1/namespaces/harness/tables/{table}", timeout=600) as r:
+        with urllib.request.urlopen(
+            f"{uri}/v1/namespaces/harness/tables/{table}", timeout=600
+        ) as r:
             r.read()
     except urllib.error.HTTPError as e:
         raise RuntimeError(f"loading {table}: {e.code} {e.read()[:500]!r}") from None

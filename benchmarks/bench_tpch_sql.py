@@ -155,9 +155,7 @@ def _each_query(
         }
 
 
-def _same_files(
-    server: HarnessFlightServer, oracle: Any, repeats: int, harness_s: float
-) -> dict:
+def _same_files(server: HarnessFlightServer, oracle: Any, repeats: int, harness_s: float) -> dict:
     """DuckDB alone over the files the gateway's statements scan, through the same views (the
     cold kinds' own Parquet files as their writers laid them out, column mappings, casts), each
     query the best of ``repeats`` in a fresh database: what the engine costs on these sources

@@ -129,7 +129,9 @@ def test_only_the_issuer_cancels(tmp_path: Path) -> None:
         alice = client_for(server, token="alice-token-0123456789")
         _numbers(alice, tmp_path / "data", 10)
         uri = f"grpc://127.0.0.1:{server.port}"
-        as_alice = fl.FlightCallOptions(headers=[(b"authorization", b"Bearer alice-token-0123456789")])
+        as_alice = fl.FlightCallOptions(
+            headers=[(b"authorization", b"Bearer alice-token-0123456789")]
+        )
         as_bob = fl.FlightCallOptions(headers=[(b"authorization", b"Bearer bob-token-0123456789")])
         raw = fl.FlightClient(uri)
         command = pack(pb.CommandStatementQuery(query="SELECT count(*) AS n FROM numbers"))

@@ -18,9 +18,17 @@ from flight_gateway.protocol.errors import InvalidArgument
     [
         ("harness.describe", {"table": "t", "versoin": 1}, "unknown field(s) ['versoin']"),
         ("harness.describe", {"table": 5}, "table must be a string, got an integer"),
-        ("harness.history", {"table": "t", "limit": "10"}, "limit must be an integer, got a string"),
+        (
+            "harness.history",
+            {"table": "t", "limit": "10"},
+            "limit must be an integer, got a string",
+        ),
         ("harness.commit", {"table": "t"}, "harness.commit needs 'commit_id'"),
-        ("harness.move", {"table": "t", "hot": "a", "cold": "b", "mode": 1}, "mode must be a string, got an integer"),
+        (
+            "harness.move",
+            {"table": "t", "hot": "a", "cold": "b", "mode": 1},
+            "mode must be a string, got an integer",
+        ),
         (
             "harness.lock",
             {"table": "t", "sources": ["a"], "ttl_s": True},

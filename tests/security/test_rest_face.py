@@ -42,7 +42,9 @@ def _files_table(client: Any, root: Path, name: str, ids: list[int]) -> None:
 
 
 def test_rest_speaks_the_gateways_tls_and_takes_client_certificates(
-    tmp_path: Path, certs: Path, monkeypatch: Any  # noqa: F811
+    tmp_path: Path,
+    certs: Path,
+    monkeypatch: Any,  # noqa: F811
 ) -> None:
     # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override pyiceberg's ``ssl.cabundle``
     # (psf/requests#3829); docs/engines.md tells users the same.
@@ -160,7 +162,9 @@ def test_loads_that_make_slices_are_bounded_per_principal(tmp_path: Path) -> Non
                           state={"files": ["a.csv"]})  # fmt: skip
         slots = server.rest.rest.loads
         with slots.hold("anonymous"):  # another load of this principal is making slices
-            status, body = get(f"http://127.0.0.1:{server.rest.port}/v1/namespaces/harness/tables/t")
+            status, body = get(
+                f"http://127.0.0.1:{server.rest.port}/v1/namespaces/harness/tables/t"
+            )
             assert status == 503 and "max_loads_per_principal" in body["error"]["message"]
         assert get(f"http://127.0.0.1:{server.rest.port}/v1/namespaces/harness/tables/t")[0] == 200
         client.close()
