@@ -43,8 +43,8 @@ def _files_table(client: Any, root: Path, name: str, ids: list[int]) -> None:
 
 def test_rest_speaks_the_gateways_tls_and_takes_client_certificates(
     tmp_path: Path,
-    certs: Path,
-    monkeypatch: Any,  # noqa: F811
+    certs: Path,  # noqa: F811
+    monkeypatch: Any,
 ) -> None:
     # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override pyiceberg's ``ssl.cabundle``
     # (psf/requests#3829); docs/engines.md tells users the same.
