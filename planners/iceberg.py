@@ -251,27 +251,31 @@ def snapshot_properties(snap: Any) -> dict[str, str]:
     return dict(snap.summary.additional_properties) if snap.summary is not None else {}
 
 
-def _after_state(table: Any, name: str, state: Mapping[str, Any], commit_id: str) -> Any | None:
-    """Before a harness write under the source's lock: the snapshot an earlier try of
-    ``commit_id`` made (a retry reuses it), else None, once the table is back at the state
-    when only abandoned harness writes lie beyond it (``_drop_abandoned``)."""
-    since, on_lineage = lineage_after(table, _snapshot_id(name, state))
+def _after_state(table: Any, ctx: AppendContext) -> Any | None:
+    """Before a DoPut's write under the source's lock: the snapshot an earlier try of its
+    commit made (a retry reuses it), else None, once the table is back at the published state
+    when only abandoned writes of the same harness table lie beyond it (``_drop_abandoned``)."""
+    src = ctx.source
+    since, on_lineage = lineage_after(table, _snapshot_id(src.name, src.state))
     for snap in since:
-        if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == commit_id:
+        if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == ctx.commit_id:
             return snap
-    if since and on_lineage:
-        _drop_abandoned(table, name, _snapshot_id(name, state), since)
+    if since and on_lineage and ctx.table:
+        _drop_abandoned(table, src.name, _snapshot_id(src.name, src.state), since, ctx.table)
     return None
 
 
-def _drop_abandoned(table: Any, name: str, state_id: int | None, since: Sequence[Any]) -> None:
+def _drop_abandoned(
+    table: Any, name: str, state_id: int | None, since: Sequence[Any], harness_table: str
+) -> None:
     """Move the table's main branch back to ``state_id`` when every snapshot after it is a
-    harness write (a DoPut's append or upsert, a Spark write) that no harness commit published:
-    its gateway died between its Iceberg commit and the catalog's. Writing on top would publish
-    its rows with this write, and its client's retry (same commit id, after the lock's lease
-    ran out) would not find its snapshot past the new state and write them again: rows read
-    twice (the failover chaos bench, 1 run in ~10). Moves and compactions (relocations) and
-    snapshots of writers outside the harness are left as they are, written on top as before."""
+    DoPut of ``harness_table`` that no commit published (under the source's lock, a later one
+    cannot be in flight): its gateway died between its Iceberg commit and the catalog's.
+    Writing on top would publish its rows with this write, and its client's retry (same commit
+    id, after the lock's lease ran out) would not find its snapshot past the new state and
+    write them again: rows read twice (the failover chaos bench, 1 run in ~10). Moves and
+    compactions (relocations), other harness tables' writes and writers outside the harness
+    are left as they are, written on top as before."""
     from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
     from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotRefUpdate
 
@@ -279,7 +283,7 @@ def _drop_abandoned(table: Any, name: str, state_id: int | None, since: Sequence
 
     for snap in since:
         props = snapshot_properties(snap)
-        if ops.SNAP_COMMIT_ID not in props or ops.snapshot_is_relocation(props):
+        if props.get(ops.SNAP_TABLE) != harness_table or ops.snapshot_is_relocation(props):
             return
     current = since[-1].snapshot_id
     log.warning("iceberg source %r: snapshots %s were written by harness commits that never "
@@ -466,14 +470,14 @@ class IcebergKind(SourceKind):
         src = ctx.source
         table = load_table(src.config, ctx.guard)
         # An earlier try of this commit may have appended already: reuse that snapshot.
-        earlier = _after_state(table, src.name, src.state, ctx.commit_id)
+        earlier = _after_state(table, ctx)
         if earlier is not None:
             return {**src.state, "snapshot_id": earlier.snapshot_id}
         from planners.iceberg_tx import append
 
         schema = table.schema().as_arrow()
         data = fit_to_schema(rows, schema, ctx.aliases)
-        append(table, data, ops.write_properties(ctx.commit_id, ctx.relocation))
+        append(table, data, ops.write_properties(ctx.commit_id, ctx.relocation, ctx.table))
         return {**src.state, "snapshot_id": table.current_snapshot().snapshot_id}
 
     def merge(
@@ -486,7 +490,7 @@ class IcebergKind(SourceKind):
 
         src = ctx.source
         table = load_table(src.config, ctx.guard)
-        earlier = _after_state(table, src.name, src.state, ctx.commit_id)
+        earlier = _after_state(table, ctx)
         if earlier is not None:
             return {**src.state, "snapshot_id": earlier.snapshot_id}  # a retry
         schema = table.schema()
@@ -498,7 +502,7 @@ class IcebergKind(SourceKind):
             data=data,
             deletes=touched,
             equality_ids=[schema.find_field(n).field_id for n in touched.column_names],
-            snapshot_properties=ops.write_properties(ctx.commit_id, ctx.relocation),
+            snapshot_properties=ops.write_properties(ctx.commit_id, ctx.relocation, ctx.table),
         )
         return {**src.state, "snapshot_id": sid}
 

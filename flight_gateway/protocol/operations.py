@@ -87,10 +87,14 @@ def moved_from(props: Mapping[str, str]) -> str | None:
     return None
 
 
-def write_properties(commit_id: str, relocation: bool = False) -> dict[str, str]:
-    """Snapshot properties of a harness write: its commit id (a retry finds it) and, for the
-    rows of a move, the relocation mark streaming reads skip."""
+def write_properties(commit_id: str, relocation: bool = False, table: str = "") -> dict[str, str]:
+    """Snapshot properties of a harness write: its commit id (a retry finds it), the harness
+    table it writes for (when given: a write no commit of that table published is found as
+    abandoned, never another table's) and, for the rows of a move, the relocation mark
+    streaming reads skip."""
     props = {SNAP_COMMIT_ID: commit_id}
+    if table:
+        props[SNAP_TABLE] = table
     if relocation:
         props[SNAP_RELOCATION] = "true"
     return props

@@ -139,15 +139,31 @@ def test_iceberg_write_whose_commit_never_landed_is_neither_published_nor_double
         state = {"snapshot_id": table.current_snapshot().snapshot_id}
     base = list(range(6)) if published else []
     source = request("iceberg", config, state).source
-    kind.append(AppendContext(source, "a", {}), data(range(6, 8)))  # its commit never lands
-    after_b = kind.append(AppendContext(source, "b", {}), data(range(8, 10)))
+    kind.append(AppendContext(source, "a", {}, table="t"), data(range(6, 8)))  # never lands
+    after_b = kind.append(AppendContext(source, "b", {}, table="t"), data(range(8, 10)))
     assert read_all(kind, request("iceberg", config, after_b)) == [*base, 8, 9]
     retried = request("iceberg", config, after_b).source
-    after_a = kind.append(AppendContext(retried, "a", {}), data(range(6, 8)))
+    after_a = kind.append(AppendContext(retried, "a", {}, table="t"), data(range(6, 8)))
     assert read_all(kind, request("iceberg", config, after_a)) == [*base, 6, 7, 8, 9]
     table.refresh()  # pyiceberg, the peer, reads the table's current snapshot the same
     got = table.scan().to_arrow().column("id").to_pylist()
     assert sorted(got) == sorted([*base, 6, 7, 8, 9])
+
+
+def test_iceberg_another_harness_tables_write_is_written_on_top_of(
+    iceberg: IcebergFixture,
+) -> None:
+    """Two harness tables writing one Iceberg table: a write past this table's published
+    state that another harness table made is that table's data, never dropped as abandoned."""
+    kind = registry.get_kind("iceberg")
+    table = iceberg.create("shared", ARROW)
+    table.append(data(range(0, 2)))
+    state = {"snapshot_id": table.current_snapshot().snapshot_id}
+    config = iceberg.source_config("shared")
+    source = request("iceberg", config, state).source
+    kind.append(AppendContext(source, "u1", {}, table="u"), data(range(2, 4)))
+    after = kind.append(AppendContext(source, "t1", {}, table="t"), data(range(4, 6)))
+    assert read_all(kind, request("iceberg", config, after)) == list(range(6))
 
 
 def test_ducklake_read_at_a_snapshot(ducklake: DuckLakeFixture) -> None:
