@@ -109,12 +109,15 @@ def kafka_broker() -> Iterator[str]:
 
 
 @contextmanager
-def postgres_servers(count: int) -> Iterator[list[str]]:
-    """``count`` extra PostgreSQL servers (one cluster each, trust auth on loopback), created for
-    the caller and removed afterwards; yields their admin DSNs. Stands in for Citus shard
-    placements: each is a separate server process with its own clock and transactions."""
+def postgres_servers(
+    count: int, max_connections: int = local_postgres.MAX_CONNECTIONS
+) -> Iterator[list[str]]:
+    """``count`` extra PostgreSQL servers (one cluster each, trust auth on loopback, taking
+    ``max_connections``), created for the caller and removed afterwards; yields their admin
+    DSNs. Stands in for Citus shard placements: each is a separate server process with its own
+    clock and transactions."""
     try:
-        servers = local_postgres.extra_servers(count)
+        servers = local_postgres.extra_servers(count, max_connections)
         dsns = servers.__enter__()
     except local_postgres.Unavailable as e:
         missing(f"extra PostgreSQL servers: {e}")

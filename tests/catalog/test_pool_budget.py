@@ -9,9 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 
 from flight_gateway.catalog import Catalog, db
-from flight_gateway.local import postgres as local_postgres
 from tests.catalog.workers import commit_many_with
-from tests.services import missing
+from tests.services import postgres_servers
 
 THREADS = 48
 COMMITS = 4
@@ -26,12 +25,7 @@ def test_pool_sizes_take_half_of_a_small_server_and_the_defaults_of_a_large_one(
 
 
 def test_two_replicas_share_a_small_server_under_load() -> None:
-    try:
-        servers = local_postgres.extra_servers(1, max_connections=24)
-        (url,) = servers.__enter__()
-    except local_postgres.Unavailable as e:
-        missing(str(e))
-    try:
+    with postgres_servers(1, max_connections=24) as (url,):
         with psycopg.connect(url, autocommit=True) as conn:
             (limit,) = conn.execute("SHOW max_connections").fetchone()
         assert limit == "24"
@@ -56,5 +50,3 @@ def test_two_replicas_share_a_small_server_under_load() -> None:
             assert {s.name: s.state for s in b.describe("t").sources} == {
                 f"s{i}": {"high": 1} for i in range(THREADS)
             }
-    finally:
-        servers.__exit__(None, None, None)

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from flight_gateway.local import postgres as local_postgres
-from tests.services import missing
+from tests.services import missing, postgres_servers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -166,14 +166,6 @@ def test_a_started_server_takes_the_connections_of_replicas() -> None:
     """A gateway's catalog may hold 104 connections at its peak (docs/operations.md): a
     server started here takes more than the default 100, so a second gateway or a fresh
     one's first burst is not refused."""
-    try:
-        servers = local_postgres.extra_servers(1)
-        (dsn,) = servers.__enter__()
-    except local_postgres.Unavailable as e:
-        missing(str(e))
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            (value,) = conn.execute("SHOW max_connections").fetchone()
-        assert int(value) == local_postgres.MAX_CONNECTIONS > 2 * 104
-    finally:
-        servers.__exit__(None, None, None)
+    with postgres_servers(1) as (dsn,), psycopg.connect(dsn, autocommit=True) as conn:
+        (value,) = conn.execute("SHOW max_connections").fetchone()
+    assert int(value) == local_postgres.MAX_CONNECTIONS > 2 * 104
