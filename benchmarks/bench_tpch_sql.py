@@ -334,6 +334,10 @@ def _latency(server: HarnessFlightServer, client: HarnessClient, root: Path, n: 
         rows.append({"case": f"Flight SQL {name} cache hit rate (whole run)",
                      "value": round(st["hits"] / total, 3) if total else 0.0, "unit": "ratio",
                      **st})  # fmt: skip
+    counts = server.sql.early.counts
+    rows.append({"case": "Flight SQL statements started at GetFlightInfo and taken by their DoGet "
+                 "(whole run)", "value": round(counts["taken"] / max(1, counts["started"]), 3),
+                 "unit": "ratio", **counts})  # fmt: skip
     return rows
 
 

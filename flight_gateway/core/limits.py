@@ -20,6 +20,8 @@ class SqlLimits:
     #: Results of deterministic statements kept for statements over the same pinned versions
     #: (0: none kept); one result is kept only if at most an eighth of this.
     result_cache_mb: int = 64
+    #: How long a statement started at GetFlightInfo waits for its DoGet (0: started at DoGet).
+    early_start_s: float = 2.0
 
     @property
     def hard_limit_mb(self) -> int:
@@ -73,6 +75,9 @@ class Limits:
     #: Results of deterministic statements the gateway keeps for statements over the same
     #: pinned table versions (a pinned version never changes); 0 keeps none.
     sql_result_cache_mb: int = 64
+    #: A statement is started at GetFlightInfo when a worker is idle, and stopped if no DoGet
+    #: takes it within this long (docs/protocol.md, "Started at GetFlightInfo"); 0: at DoGet.
+    sql_early_start_s: float = 2.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -97,6 +102,9 @@ class Limits:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"limits.{name} must be positive, not {value!r}")
+        value = self.sql_early_start_s
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"limits.sql_early_start_s must be 0 or more, not {value!r}")
 
     def sql(self) -> SqlLimits:
         """The per-statement limits of Flight SQL."""
@@ -107,6 +115,7 @@ class Limits:
             spill_limit_mb=self.sql_spill_limit_mb,
             temp_dir=self.sql_temp_dir,
             result_cache_mb=self.sql_result_cache_mb,
+            early_start_s=float(self.sql_early_start_s),
         )
 
     @classmethod

@@ -60,6 +60,12 @@ SQL_CACHE = Counter(
     ["cache", "outcome"],
     registry=REGISTRY,
 )
+SQL_EARLY = Counter(
+    "harness_sql_early_starts",
+    "Flight SQL statements started at GetFlightInfo: started, taken by their DoGet, abandoned",
+    ["outcome"],
+    registry=REGISTRY,
+)
 LOCKS = Counter("harness_lock_requests", "Lock requests by outcome", ["outcome"], registry=REGISTRY)
 WRITE_LEASE_SECONDS = Histogram(
     "harness_write_lease_seconds",

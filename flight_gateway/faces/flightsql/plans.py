@@ -90,6 +90,11 @@ class Lru(Generic[V]):
         SQL_CACHE.labels(self.name, "hit" if hit is not None else "miss").inc()
         return None if hit is None else hit[0]
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether ``key`` is cached (not counted, the order unchanged)."""
+        with self._lock:
+            return key in self._items
+
     def add(self, key: Hashable, value: V) -> None:
         """Cache ``value`` made after a ``peek`` missed."""
         weight = self.weigh(value)
@@ -126,6 +131,9 @@ class Results:
 
     def peek(self, key: Hashable) -> pa.Table | None:
         return self.lru.peek(key)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.lru
 
     def keeping(self, key: Hashable, reader: pa.RecordBatchReader) -> pa.RecordBatchReader:
         """``reader``'s batches, kept as ``key``'s result once the stream ended whole: a

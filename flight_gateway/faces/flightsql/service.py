@@ -30,11 +30,19 @@ from flight_gateway.core.read.shape import column_specs
 from flight_gateway.core.secrets import scrub
 from flight_gateway.core.services import Core
 from flight_gateway.core.write.ingest import read_upload
-from flight_gateway.faces.flightsql import cancels, engine, metadata, plans, query, relations
+from flight_gateway.faces.flightsql import (
+    cancels,
+    early,
+    engine,
+    metadata,
+    plans,
+    query,
+    relations,
+)
 from flight_gateway.faces.flightsql.handles import HandleSealer
-from flight_gateway.faces.flightsql.workers import Execution, Plan, WorkerPool
+from flight_gateway.faces.flightsql.workers import Execution, Plan, Worker, WorkerPool
 from flight_gateway.protocol import ReadRequest
-from flight_gateway.protocol.errors import InvalidArgument
+from flight_gateway.protocol.errors import Busy, InvalidArgument
 from flight_gateway.protocol.flightsql import is_statement, pack, pb, unpack
 
 log = logging.getLogger(__name__)
@@ -124,6 +132,7 @@ class FlightSqlService:
             "relations", 1024, 500_000, weigh=_files_listed
         )
         self.results = plans.Results(self.limits.result_cache_mb << 20)
+        self.early = early.EarlyStarts(self.limits.early_start_s)
 
     @staticmethod
     def claim(data: bytes) -> Any | None:
@@ -134,6 +143,12 @@ class FlightSqlService:
 
     def _statement(self, sql: str, params: Sequence[Any], who: Principal) -> dict[str, Any]:
         """Parse, check permissions and pin: the handle's content."""
+        return self._pinned(sql, params, who)[0]
+
+    def _pinned(
+        self, sql: str, params: Sequence[Any], who: Principal
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """``_statement``'s handle, and the snapshots it pins."""
         text, refs = self._parse(sql, params)
         floating = {table for table, version, as_of in refs if version is None and as_of is None}
         # One cut for every table not pinned explicitly: the catalog's clock when several
@@ -148,7 +163,7 @@ class FlightSqlService:
         ])  # fmt: skip
         return {"kind": "statement", "sql": text, "pins": [s.version for s in snaps],
                 "ids": [s.table_id for s in snaps], "who": who.name,
-                "schemas": [s.schema.schema_id for s in snaps]}  # fmt: skip
+                "schemas": [s.schema.schema_id for s in snaps]}, snaps  # fmt: skip
 
     def _parse(self, sql: str, params: Sequence[Any]) -> tuple[str, Named]:
         """The SQL a handle carries and the tables it names, each with its explicit pin
@@ -175,11 +190,12 @@ class FlightSqlService:
         return out
 
     def _prepare_reads(
-        self, handle: dict[str, Any], who: Principal | None = None
+        self, handle: dict[str, Any], who: Principal | None = None, snaps: list[Any] | None = None
     ) -> tuple[Any, list[query.TableRef], list[Any]]:
         """The handle's statement with what each reference needs (``plans``: shared read-only
-        by the statements of the same handle content), and its pinned tables; ``who`` must be
-        allowed to read each, checked before the catalog is asked anything."""
+        by the statements of the same handle content), and its pinned tables (``snaps``: the
+        ones its pinning read just now); ``who`` must be allowed to read each, checked before
+        the catalog is asked anything."""
         ids = handle.get("ids") or [None] * len(handle["pins"])
         key = None
         if handle.get("schemas") is not None:
@@ -190,6 +206,8 @@ class FlightSqlService:
                 if who is not None:
                     for ref in refs:
                         who.require("read", ref.table)
+                if snaps is not None:
+                    return tree, refs, snaps
                 pins = [(r.table, r.version, None, i) for r, i in zip(refs, ids, strict=True)]
                 return tree, refs, self.reads.snapshots(pins)
         parsed = self.trees.peek(handle["sql"])
@@ -266,7 +284,9 @@ class FlightSqlService:
                 self.relations.put(key, rel)
         return rel
 
-    def _run(self, plan: Plan, op: str, who: Principal | None = None) -> Execution:
+    def _run(
+        self, plan: Plan, op: str, who: Principal | None = None, worker: Worker | None = None
+    ) -> Execution:
         dsns = plan.dsns
         scope = ""
         if who is not None:  # the grants too: a database locked for a caller is not another's
@@ -283,6 +303,7 @@ class FlightSqlService:
             batch_rows=engine.BATCH_ROWS,
             translate=translate,
             scope=scope,
+            worker=worker,
         )
 
     def _sql(self, stmt: Statement) -> tuple[str, bool]:
@@ -310,8 +331,22 @@ class FlightSqlService:
     def _typed(self, handle: dict[str, Any], who: Principal) -> pa.Schema:
         stmt, rels = self._relations(handle, plan=False)
         plan = engine.build(self._sql(stmt)[0], rels, stmt.again)
-        with self.core.statement_slots(who.name):  # as running it: typing evaluates
+        self._take_slots(who)  # as running it: typing evaluates
+        try:
             return self._run(plan, "schema").schema()
+        finally:
+            self.core.release_statement_slots(who.name)
+
+    def _take_slots(self, who: Principal) -> None:
+        """A statement's slots; when they are all held, statements started early that no
+        DoGet took yet give theirs up first (``early``: they never make a call fail)."""
+        try:
+            self.core.take_statement_slots(who.name)
+        except Busy:
+            if not self.early.waiting():
+                raise
+            self.early.abandon_all()
+            self.core.take_statement_slots(who.name)
 
     def execute(
         self, handle: dict[str, Any], who: Principal, key: bytes = b""
@@ -326,6 +361,14 @@ class FlightSqlService:
             kept = self.results.peek(kept_as)
             if kept is not None:
                 return kept.to_reader()
+        plan, _, same_rows = self._built(handle, who, reads)
+        return self._streamed(key, self._run(plan, "run", who), kept_as if same_rows else None)
+
+    def _built(
+        self, handle: dict[str, Any], who: Principal, reads: Any = None
+    ) -> tuple[Plan, Statement, bool]:
+        """What a worker runs for the handle's statement, the statement, and whether it is
+        deterministic."""
         with tracing.span("sql.plan"):
             stmt, rels = self._relations(handle, plan=True, who=who, reads=reads)
         sql, same_rows = self._sql(stmt)
@@ -339,10 +382,74 @@ class FlightSqlService:
             for r in rels
         }
         log.info("flight sql: %s", json.dumps(report))
-        stream = self.running.stream(key, self._run(plan, "run", who))
-        if kept_as is not None and same_rows:
+        return plan, stmt, same_rows
+
+    def _streamed(
+        self, key: bytes, ex: Execution, kept_as: tuple[Any, ...] | None
+    ) -> pa.RecordBatchReader:
+        """``ex``'s result as its worker produces it, kept as ``kept_as`` when given."""
+        stream = self.running.stream(key, ex)
+        if kept_as is not None:
             stream = self.results.keeping(kept_as, stream)
         return tracing.traced_stream("sql.execute", stream)
+
+    def _start_early(
+        self, key: bytes, handle: dict[str, Any], snaps: list[Any], who: Principal
+    ) -> None:
+        """Start the statement of ``key`` for its DoGet (``early``) when a worker is idle and
+        its caller's slots are free now; any failure is left for its DoGet to meet."""
+        kept_as = self._result_key(handle)
+        if kept_as is not None and kept_as in self.results:
+            return  # its DoGet is answered from the kept result
+        worker = self.workers.take_idle()
+        if worker is None:
+            return
+        try:
+            self.core.take_statement_slots(who.name)
+        except Busy:
+            self.workers.give_back(worker, healthy=True)
+            return
+        try:
+            started = self._started(key, handle, snaps, who, worker, kept_as)
+        except Exception as e:
+            log.debug("statement not started early: %s", e)
+            started = None
+        if started is None:
+            self.core.release_statement_slots(who.name)
+            return
+        self.early.add(started)
+
+    def _started(
+        self,
+        key: bytes,
+        handle: dict[str, Any],
+        snaps: list[Any],
+        who: Principal,
+        worker: Worker,
+        kept_as: tuple[Any, ...] | None,
+    ) -> early.Started | None:
+        """The statement running on ``worker`` (given back here if it is not), or None for a
+        statement that reads streams (their sources would be read for nothing if no DoGet
+        came)."""
+        try:
+            plan, stmt, same_rows = self._built(
+                handle, who, self._prepare_reads(handle, who, snaps)
+            )
+        except BaseException:
+            self.workers.give_back(worker, healthy=True)
+            raise
+        if plan.streams:
+            self.workers.give_back(worker, healthy=True)
+            return None
+        ex = self._run(plan, "run", who, worker=worker)
+        return early.Started(
+            key,
+            who.name,
+            ex,
+            release=lambda: self.core.release_statement_slots(who.name),
+            kept_as=kept_as if same_rows else None,
+            tables=sorted({ref.table for ref in stmt.refs}),
+        )
 
     def engine_plan(self, sql: str, who: Principal) -> Plan:
         """What a worker would run for ``sql`` now (its views over the pinned sources, then
@@ -360,6 +467,7 @@ class FlightSqlService:
                 tuple(handle["schemas"]))  # fmt: skip
 
     def close(self) -> None:
+        self.early.abandon_all()
         self.workers.close()
 
     # ------------------------------------------------------------------ Flight calls
@@ -376,20 +484,27 @@ class FlightSqlService:
 
     def _plan(self, message: Any, who: Principal) -> tuple[Result, bytes]:
         if isinstance(message, pb.CommandStatementQuery):
-            return self._statement_info(self._statement(message.query, (), who), who)
+            return self._statement_info(*self._pinned(message.query, (), who), who)
         if isinstance(message, pb.CommandPreparedStatementQuery):
             prepared = self._open(message.prepared_statement_handle, who, "prepared")
             return self._statement_info(
-                self._statement(prepared["sql"], prepared.get("params") or (), who), who
+                *self._pinned(prepared["sql"], prepared.get("params") or (), who), who
             )
         table = self._metadata(message, who)
         return Result(table.schema, table), pack(message)
 
-    def _statement_info(self, handle: dict[str, Any], who: Principal) -> tuple[Result, bytes]:
+    def _statement_info(
+        self, handle: dict[str, Any], snaps: list[Any], who: Principal
+    ) -> tuple[Result, bytes]:
         sealed = self.handles.seal(handle)
         ticket = pack(pb.TicketStatementQuery(statement_handle=sealed))
         meta = json.dumps({"pins": handle["pins"]}).encode()
-        return Result(self.schema_of(handle, who), None, meta), ticket
+        if self.early.enabled:  # one waits per principal: its slots go to this statement
+            self.early.abandon_of(who.name)
+        schema = self.schema_of(handle, who)
+        if self.early.enabled:
+            self._start_early(sealed, handle, snaps, who)
+        return Result(schema, None, meta), ticket
 
     def _open(
         self, sealed: bytes, who: Principal, kind: str, keep_expiry: bool = False
@@ -414,13 +529,32 @@ class FlightSqlService:
         key = bytes(message.statement_handle)
         handle = self._open(key, who, "statement")
         self.running.check(key)
-        self.core.take_statement_slots(who.name)
+        started = self.early.take(key, who.name)
+        if started is not None:
+            return self._take_over(started, who), started.release
+        self._take_slots(who)
         try:
             reader = self.execute(handle, who, key)
         except BaseException:
             self.core.release_statement_slots(who.name)
             raise
         return reader, lambda: self.core.release_statement_slots(who.name)
+
+    def _take_over(self, started: early.Started, who: Principal) -> pa.RecordBatchReader:
+        """The result of a statement started early (its pins and plan are its FlightInfo's,
+        made moments ago); its caller must still be allowed to read its tables."""
+        try:
+            for table in started.tables:
+                who.require("read", table)
+        except BaseException:
+            started.release()
+            started.execution.abandon()
+            raise
+        try:
+            return self._streamed(started.key, started.execution, started.kept_as)
+        except BaseException:
+            started.release()
+            raise
 
     def get_schema(self, message: Any, who: Principal) -> pa.Schema:
         return self._plan(message, who)[0].schema
@@ -517,6 +651,7 @@ class FlightSqlService:
         for key in cancels.statement_handles(action_type, body):
             self._open(key, who, "statement", keep_expiry=True)
             status = self.running.cancel(key)
+            self.early.abandon(key)
         return cancels.result(action_type, status)
 
     def _parameter_schema(self, tree: Any) -> pa.Schema:

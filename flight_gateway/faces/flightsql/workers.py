@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -127,6 +128,12 @@ class Worker:
             if "settled" not in self.answer():
                 raise WorkerDied("a statement worker answered out of turn")
 
+    def settled_now(self) -> bool:
+        """``settle`` if the worker has freed its last statement's database already."""
+        if self.settling and select.select([self.sock], [], [], 0)[0]:
+            self.settle()
+        return not self.settling
+
     def kill(self) -> None:
         self.killed = True
         with contextlib.suppress(OSError):
@@ -223,6 +230,28 @@ class WorkerPool:
             # The latest given back that is not closing a database, else the latest.
             ready = [i for i, w in enumerate(self._idle) if not w.settling]
             return self._idle.pop(ready[-1] if ready else -1)
+
+    def take_idle(self) -> Worker | None:
+        """An idle worker ready now (one that has closed its last statement's database), or
+        None: never starts one, never waits (a statement started early, ``early``)."""
+        try:
+            w = self._take_idle()
+        except Unavailable:
+            return None
+        if w is None:
+            return None
+        if w.settling:
+            try:
+                if not w.settled_now():
+                    self.give_back(w, healthy=True)
+                    return None
+            except WorkerDied:
+                self.give_back(w, healthy=False)
+                return None
+        if self._grown(w):
+            self.give_back(w, healthy=True)  # recycled
+            return None
+        return w
 
     @staticmethod
     def _grown(w: Worker) -> bool:
@@ -348,13 +377,15 @@ class Execution:
         batch_rows: int,
         translate: Callable[[str, str], BaseException],
         scope: str = "",
+        worker: Worker | None = None,
     ) -> None:
+        """``worker``: one taken from ``pool`` already (else one is taken here)."""
         self.pool, self.plan, self.translate = pool, plan, translate
         # Before anything can fail: ``_died`` reads them.
         self.timed_out = False
         self.cancelled = False
         self.timer: Deadline | None = None
-        self.worker = pool.take()
+        self.worker = worker if worker is not None else pool.take()
         self._done = False
         self._finishing = threading.Lock()
         self._answered = False
@@ -402,6 +433,18 @@ class Execution:
         killer = threading.Timer(GRACE_S, self._kill_unless_done)
         killer.daemon = True
         killer.start()
+
+    def abandon(self) -> None:
+        """Stop a statement whose result nobody will read (started early, no DoGet took it):
+        its result pipe closed first (a worker writing to it stops), then its answer awaited
+        and its worker given back."""
+        self.cancel()
+        with self._finishing:
+            if self.result_r is not None and not self._done:
+                _close(self.result_r)
+                self.result_r = None
+        with contextlib.suppress(HarnessError):
+            self.close()
 
     def _kill_unless_done(self) -> None:
         if not self._answered:

@@ -1,0 +1,100 @@
+"""Statements started at GetFlightInfo (``faces.flightsql.early``): the DoGet of the ticket takes
+the running statement over; one no DoGet takes is stopped after ``limits.sql_early_start_s``,
+when its statement is cancelled, when its caller asks for another FlightInfo, or when another
+statement needs its slots; its slots and worker come back each time, and a DoGet of its ticket
+later still runs it (from scratch)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.flight as fl
+import pytest
+
+from tests.flightsql.test_cancel import LONG, _cancel_flight_info, _info, _running, _wait
+from tests.flightsql.test_sql_engine import _numbers
+from tests.gateway.helpers import client_for, running_gateway
+
+pytestmark = pytest.mark.integration
+COUNT = "SELECT count(*) AS n FROM numbers"
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Any]:
+    # One statement gateway-wide: a statement started early holds the only slot. No kept
+    # results: a statement answered from one is not started.
+    limits = {"sql_timeout_s": 120.0, "max_concurrent_statements": 1,
+              "sql_early_start_s": 30.0, "sql_result_cache_mb": 0}  # fmt: skip
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", limits=limits) as (server, _):
+        client = client_for(server)
+        _numbers(client, tmp_path / "data", 1000)
+        yield server
+        client.close()
+
+
+def _raw(server: Any) -> fl.FlightClient:
+    return fl.FlightClient(f"grpc://127.0.0.1:{server.port}")
+
+
+def _rows(raw: fl.FlightClient, info: fl.FlightInfo) -> list[dict[str, Any]]:
+    return raw.do_get(info.endpoints[0].ticket).read_all().to_pylist()
+
+
+def _idle_workers(server: Any) -> bool:
+    pool = server.sql.workers
+    return pool._lent == 0
+
+
+def test_do_get_takes_over_the_statement_started_at_get_flight_info(gateway: Any) -> None:
+    raw = _raw(gateway)
+    _rows(raw, _info(raw, COUNT))  # a worker started and typed the statement
+    early = gateway.sql.early
+    before = dict(early.counts)
+    info = _info(raw, COUNT)
+    assert early.waiting() == 1 and _running(gateway) == 1  # running before its DoGet
+    assert _rows(raw, info) == [{"n": 1000}]
+    assert early.counts["taken"] == before["taken"] + 1
+    assert early.waiting() == 0
+    _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)
+
+
+def test_a_statement_no_do_get_takes_is_stopped_and_its_ticket_still_runs(gateway: Any) -> None:
+    raw = _raw(gateway)
+    _rows(raw, _info(raw, COUNT))
+    early = gateway.sql.early
+    early.wait_s = 0.3
+    _info(raw, LONG)  # seconds of work: only its expiry stops it
+    assert early.waiting() == 1 and _running(gateway) == 1
+    freed = _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)
+    assert freed < 2.0, f"freed after {freed:.2f} s"
+    assert early.waiting() == 0 and early.counts["abandoned"] >= 1
+    count = _info(raw, COUNT)
+    _wait(lambda: early.waiting() == 0, 10)  # expired untaken too
+    assert _rows(raw, count) == [{"n": 1000}]  # its ticket runs from scratch
+
+
+def test_cancelling_a_statement_started_early_stops_it(gateway: Any) -> None:
+    raw = _raw(gateway)
+    _rows(raw, _info(raw, COUNT))
+    info = _info(raw, LONG)
+    assert gateway.sql.early.waiting() == 1
+    assert _cancel_flight_info(raw, info) == b"\x08\x01"
+    assert gateway.sql.early.waiting() == 0 and _running(gateway) == 0  # slots back at once
+    _wait(lambda: _idle_workers(gateway), 10)  # the worker once it has stopped
+    with pytest.raises(fl.FlightCancelledError):
+        _rows(raw, info)
+
+
+def test_a_statement_started_early_never_makes_another_fail(gateway: Any) -> None:
+    """The only statement slot is held by a statement started early: the same caller's next
+    FlightInfo, and the DoGet of an older ticket, both take it."""
+    raw = _raw(gateway)
+    _rows(raw, _info(raw, COUNT))
+    first = _info(raw, COUNT)
+    second = _info(raw, "SELECT count(*) AS n FROM numbers WHERE i < 10")  # typed: a slot
+    assert gateway.sql.early.waiting() == 1  # the second, the first given up
+    assert _rows(raw, first) == [{"n": 1000}]  # takes the slot the second held
+    assert _rows(raw, second) == [{"n": 10}]
+    _wait(lambda: _running(gateway) == 0 and gateway.sql.early.waiting() == 0, 10)
