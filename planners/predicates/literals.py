@@ -142,7 +142,14 @@ def between(
     column: str, low: SqlLiteral | None, high: SqlLiteral | None, ftype: pa.DataType
 ) -> Expr:
     """``column BETWEEN low AND high`` = ``column >= low AND column <= high``, each bound typed
-    on its own (as DuckDB does)."""
+    on its own (as DuckDB does), except that a TIMESTAMP bound makes an untyped string bound a
+    timestamp too, as in an IN list: DuckDB compares all three in one type, so
+    ``d BETWEEN '2024-01-02 12:00:00' AND TIMESTAMP '…'`` keeps the string's time of day."""
+    if any(lit is not None and lit.kind == TIMESTAMP for lit in (low, high)):
+        low, high = (
+            _as_timestamp(lit) if lit is not None and lit.kind == STRING else lit
+            for lit in (low, high)
+        )
     lo, hi = compare(">=", column, low, ftype), compare("<=", column, high, ftype)
     if isinstance(lo, Cmp) and lo.op == ">=" and isinstance(hi, Cmp) and hi.op == "<=":
         return Between(column, lo.value, hi.value)

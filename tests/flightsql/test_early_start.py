@@ -98,3 +98,21 @@ def test_a_statement_started_early_never_makes_another_fail(gateway: Any) -> Non
     assert _rows(raw, first) == [{"n": 1000}]  # takes the slot the second held
     assert _rows(raw, second) == [{"n": 10}]
     _wait(lambda: _running(gateway) == 0 and gateway.sql.early.waiting() == 0, 10)
+
+
+def test_adbc_statements_start_at_create_prepared_statement(gateway: Any) -> None:
+    """ADBC prepares each new statement (CreatePreparedStatement, GetFlightInfo, DoGet): it
+    starts at the first, and its FlightInfo and DoGet find it running."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    early = gateway.sql.early
+    with flightsql.connect(f"grpc://127.0.0.1:{gateway.port}", autocommit=True) as conn:
+        for n in (10, 20, 30):
+            before = dict(early.counts)
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT count(*) AS n FROM numbers WHERE i < {n}")
+                assert cur.fetchall() == [(n,)]
+            assert early.counts["started"] - before["started"] <= 1  # not again at its FlightInfo
+            assert early.counts["abandoned"] == before["abandoned"]
+    assert early.counts["taken"] >= 2  # the first may find no worker started yet
+    _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)

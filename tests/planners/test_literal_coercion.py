@@ -213,6 +213,9 @@ def _raw(value: Any) -> Any:
         # (found by test_filter_property).
         ("d IN (TIMESTAMP '2024-01-02 12:00:00', '2024-01-02 12:00:00', NULL)", set()),
         ("d IN (TIMESTAMP '2024-01-03 12:00:00', '2024-01-02 00:00:00')", {1, 6}),
+        # ... and in a BETWEEN (found by the property test below)
+        ("d BETWEEN '2024-01-02 12:00:00' AND TIMESTAMP '2024-01-02 00:00:00'", set()),
+        ("d BETWEEN '2024-01-02 00:00:00' AND TIMESTAMP '2024-01-02 12:00:00'", {1, 6}),
         ("d IN ('2024-01-02 12:00:00', NULL)", {1, 6}),
         ("ts < DATE '2024-01-03'", {0, 1, 2, 4, 6}),
         ("ts = DATE '2024-01-02'", {0}),

@@ -6,6 +6,9 @@ trips, and the statement ran only after the second arrived. Measured on a tiny s
 GetFlightInfo returned and its worker needed ~1 ms more before the first batch. Now
 GetFlightInfo, once it has typed the statement, lends it an idle worker that starts it; the
 DoGet of its ticket on this gateway takes that running statement over (its result and slots).
+ADBC prepares each new statement first (CreatePreparedStatement, GetFlightInfo, DoGet): there a
+statement without parameters starts at CreatePreparedStatement, and its GetFlightInfo finds it
+started when it pins the same versions.
 
 Nothing in the contract changes: a ticket is still a sealed handle any replica runs from
 scratch. A statement started early that no DoGet takes within ``limits.sql_early_start_s`` is
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +41,7 @@ _EXPIRY = Deadlines("sql-early-expiry")
 class Started:
     """A statement started at GetFlightInfo: its execution, and what its DoGet needs."""
 
-    key: bytes
+    key: Hashable  # the statement and its pins (``service.early_key``), not its sealed ticket
     who: str
     execution: Execution
     release: Callable[[], None]  # its slots
@@ -53,8 +56,8 @@ class EarlyStarts:
     def __init__(self, wait_s: float) -> None:
         self.wait_s = wait_s
         self._lock = threading.Lock()
-        self._by_key: dict[bytes, Started] = {}
-        self._by_who: dict[str, bytes] = {}
+        self._by_key: dict[Hashable, Started] = {}
+        self._by_who: dict[str, Hashable] = {}
         #: Statements started early, taken by their DoGet, and stopped untaken.
         self.counts = {"started": 0, "taken": 0, "abandoned": 0}
 
@@ -73,7 +76,12 @@ class EarlyStarts:
             self._abandon(old)
         started.expiry = _EXPIRY.after(self.wait_s, lambda: self.abandon(started.key))
 
-    def take(self, key: bytes, who: str) -> Started | None:
+    def holds(self, key: Hashable, who: str) -> bool:
+        with self._lock:
+            started = self._by_key.get(key)
+            return started is not None and started.who == who
+
+    def take(self, key: Hashable, who: str) -> Started | None:
         """The statement of ``key`` started early for ``who``, now the caller's."""
         with self._lock:
             started = self._by_key.get(key)
@@ -85,7 +93,7 @@ class EarlyStarts:
             _EXPIRY.cancel(started.expiry)
         return started
 
-    def abandon(self, key: bytes) -> None:
+    def abandon(self, key: Hashable) -> None:
         with self._lock:
             started = self._pop(key)
         if started is not None:
@@ -110,7 +118,7 @@ class EarlyStarts:
         with self._lock:
             return len(self._by_key)
 
-    def _pop(self, key: bytes | None) -> Started | None:
+    def _pop(self, key: Hashable | None) -> Started | None:
         started = self._by_key.pop(key, None) if key is not None else None
         if started is not None and self._by_who.get(started.who) == key:
             del self._by_who[started.who]

@@ -70,6 +70,13 @@ SQL_INFO: dict[int, str | bool | int] = {
 }
 
 
+def early_key(handle: dict[str, Any]) -> tuple[Any, ...]:
+    """A statement started early (``early``) as its DoGet finds it: its SQL, pins and caller
+    (the sealed ticket of a prepared statement is made after it started)."""
+    return (handle["sql"], tuple(handle["pins"]), tuple(handle.get("ids") or ()),
+            tuple(handle.get("schemas") or ()), handle["who"])  # fmt: skip
+
+
 def _files_listed(rel: relations.TableRelation) -> int:
     """A planned table's weight in the relation cache: the files it lists, one per part."""
     return sum(1 + len(getattr(p.scan, "files", ()) or ()) for p in rel.parts) + 1
@@ -394,7 +401,7 @@ class FlightSqlService:
         return tracing.traced_stream("sql.execute", stream)
 
     def _start_early(
-        self, key: bytes, handle: dict[str, Any], snaps: list[Any], who: Principal
+        self, key: Any, handle: dict[str, Any], snaps: list[Any], who: Principal
     ) -> None:
         """Start the statement of ``key`` for its DoGet (``early``) when a worker is idle and
         its caller's slots are free now; any failure is left for its DoGet to meet."""
@@ -421,7 +428,7 @@ class FlightSqlService:
 
     def _started(
         self,
-        key: bytes,
+        key: Any,
         handle: dict[str, Any],
         snaps: list[Any],
         who: Principal,
@@ -499,12 +506,22 @@ class FlightSqlService:
         sealed = self.handles.seal(handle)
         ticket = pack(pb.TicketStatementQuery(statement_handle=sealed))
         meta = json.dumps({"pins": handle["pins"]}).encode()
-        if self.early.enabled:  # one waits per principal: its slots go to this statement
-            self.early.abandon_of(who.name)
+        return Result(self._schema_starting(handle, snaps, who), None, meta), ticket
+
+    def _schema_starting(
+        self, handle: dict[str, Any], snaps: list[Any], who: Principal
+    ) -> pa.Schema:
+        """``schema_of`` the handle's statement, then the statement started for its DoGet
+        (``early``) unless it was already (by its CreatePreparedStatement)."""
+        if not self.early.enabled:
+            return self.schema_of(handle, who)
+        key = early_key(handle)
+        if self.early.holds(key, who.name):
+            return self.schema_of(handle, who)
+        self.early.abandon_of(who.name)  # one waits per principal: its slots go to this one
         schema = self.schema_of(handle, who)
-        if self.early.enabled:
-            self._start_early(sealed, handle, snaps, who)
-        return Result(schema, None, meta), ticket
+        self._start_early(key, handle, snaps, who)
+        return schema
 
     def _open(
         self, sealed: bytes, who: Principal, kind: str, keep_expiry: bool = False
@@ -529,9 +546,9 @@ class FlightSqlService:
         key = bytes(message.statement_handle)
         handle = self._open(key, who, "statement")
         self.running.check(key)
-        started = self.early.take(key, who.name)
+        started = self.early.take(early_key(handle), who.name)
         if started is not None:
-            return self._take_over(started, who), started.release
+            return self._take_over(started, who, key), started.release
         self._take_slots(who)
         try:
             reader = self.execute(handle, who, key)
@@ -540,9 +557,12 @@ class FlightSqlService:
             raise
         return reader, lambda: self.core.release_statement_slots(who.name)
 
-    def _take_over(self, started: early.Started, who: Principal) -> pa.RecordBatchReader:
+    def _take_over(
+        self, started: early.Started, who: Principal, key: bytes
+    ) -> pa.RecordBatchReader:
         """The result of a statement started early (its pins and plan are its FlightInfo's,
-        made moments ago); its caller must still be allowed to read its tables."""
+        made moments ago), cancellable by its ticket's handle ``key``; its caller must still
+        be allowed to read its tables."""
         try:
             for table in started.tables:
                 who.require("read", table)
@@ -551,7 +571,7 @@ class FlightSqlService:
             started.execution.abandon()
             raise
         try:
-            return self._streamed(started.key, started.execution, started.kept_as)
+            return self._streamed(key, started.execution, started.kept_as)
         except BaseException:
             started.release()
             raise
@@ -637,8 +657,12 @@ class FlightSqlService:
         )
         # The result's schema, typed now: JDBC takes a prepared statement without one for
         # an update. Parameters are typed as NULL (their types come with their values).
-        typed = self._statement(sql, [{"sql": "NULL"}] * count, who)
-        result.dataset_schema = self.schema_of(typed, who).serialize().to_pybytes()
+        if count:
+            typed = self._statement(sql, [{"sql": "NULL"}] * count, who)
+            schema = self.schema_of(typed, who)
+        else:  # started now: ADBC's GetFlightInfo and DoGet of it follow at once
+            schema = self._schema_starting(*self._pinned(sql, (), who), who)
+        result.dataset_schema = schema.serialize().to_pybytes()
         if count:
             assert tree is not None
             result.parameter_schema = self._parameter_schema(tree).serialize().to_pybytes()
@@ -649,9 +673,9 @@ class FlightSqlService:
         names none (a native read, a metadata result)."""
         status = cancels.NOT_CANCELLABLE
         for key in cancels.statement_handles(action_type, body):
-            self._open(key, who, "statement", keep_expiry=True)
+            handle = self._open(key, who, "statement", keep_expiry=True)
             status = self.running.cancel(key)
-            self.early.abandon(key)
+            self.early.abandon(early_key(handle))
         return cancels.result(action_type, status)
 
     def _parameter_schema(self, tree: Any) -> pa.Schema:
