@@ -106,8 +106,18 @@ class EarlyStarts:
         if started is not None:
             self._abandon(started)
 
+    def abandon_oldest(self) -> bool:
+        """Stop the statement started early longest ago (another statement needs its slots);
+        whether there was one."""
+        with self._lock:
+            started = self._pop(next(iter(self._by_key), None))
+        if started is None:
+            return False
+        self._abandon(started)
+        return True
+
     def abandon_all(self) -> None:
-        """Stop every statement started early (another statement needs their slots)."""
+        """Stop every statement started early (the gateway closes)."""
         with self._lock:
             all_ = [self._pop(k) for k in list(self._by_key)]
         for started in all_:
@@ -129,7 +139,7 @@ class EarlyStarts:
         SQL_EARLY.labels(outcome).inc()
 
     def _abandon(self, started: Started) -> None:
-        """Give the slots back at once (the caller of ``abandon_all`` takes them next); stop
+        """Give the slots back at once (the caller of ``abandon_oldest`` takes them next); stop
         the statement and give its worker back off the caller's path (that waits for its
         answer)."""
         with self._lock:

@@ -346,14 +346,15 @@ class FlightSqlService:
 
     def _take_slots(self, who: Principal) -> None:
         """A statement's slots; when they are all held, statements started early that no
-        DoGet took yet give theirs up first (``early``: they never make a call fail)."""
-        try:
-            self.core.take_statement_slots(who.name)
-        except Busy:
-            if not self.early.waiting():
-                raise
-            self.early.abandon_all()
-            self.core.take_statement_slots(who.name)
+        DoGet took yet give theirs up, the oldest first (``early``: they never make a call
+        fail)."""
+        while True:
+            try:
+                self.core.take_statement_slots(who.name)
+                return
+            except Busy:
+                if not self.early.abandon_oldest():
+                    raise
 
     def execute(
         self, handle: dict[str, Any], who: Principal, key: bytes = b""
