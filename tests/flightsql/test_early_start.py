@@ -6,6 +6,7 @@ later still runs it (from scratch)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,15 +90,55 @@ def test_cancelling_a_statement_started_early_stops_it(gateway: Any) -> None:
 
 def test_a_statement_started_early_never_makes_another_fail(gateway: Any) -> None:
     """The only statement slot is held by a statement started early: the same caller's next
-    FlightInfo, and the DoGet of an older ticket, both take it."""
+    FlightInfo (typing takes a slot) and the DoGet of the older ticket both get it."""
     raw = _raw(gateway)
     _rows(raw, _info(raw, COUNT))
+    early = gateway.sql.early
     first = _info(raw, COUNT)
+    assert early.waiting() == 1
+    before = early.counts["abandoned"]
     second = _info(raw, "SELECT count(*) AS n FROM numbers WHERE i < 10")  # typed: a slot
-    assert gateway.sql.early.waiting() == 1  # the second, the first given up
-    assert _rows(raw, first) == [{"n": 1000}]  # takes the slot the second held
+    assert early.counts["abandoned"] == before + 1  # the first gave its slot up
+    assert _rows(raw, first) == [{"n": 1000}]  # run again; the second gives its slot up
     assert _rows(raw, second) == [{"n": 10}]
-    _wait(lambda: _running(gateway) == 0 and gateway.sql.early.waiting() == 0, 10)
+    _wait(lambda: _running(gateway) == 0 and early.waiting() == 0, 10)
+
+
+def test_callers_running_statements_at_once_all_get_their_rows(tmp_path: Path) -> None:
+    """Eight ADBC connections of one principal (a service account), each running statements
+    of its own while the others do: every answer right, none refused for slots that
+    statements started early held, and nothing left held at the end."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    limits = {"max_concurrent_statements": 8, "sql_result_cache_mb": 0}
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", limits=limits) as (server, _):
+        client = client_for(server)
+        _numbers(client, tmp_path / "data", 1000)
+        errors: list[BaseException] = []
+
+        def run(n: int) -> None:
+            try:
+                uri = f"grpc://127.0.0.1:{server.port}"
+                with flightsql.connect(uri, autocommit=True) as conn:
+                    for i in range(15):
+                        below = (n * 15 + i) % 1000 + 1
+                        with conn.cursor() as cur:
+                            cur.execute(f"SELECT count(*) FROM numbers WHERE i < {below}")
+                            assert cur.fetchall() == [(below,)]
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors[:3]
+        early = server.sql.early
+        assert early.counts["taken"] > 0
+        _wait(lambda: _running(server) == 0 and early.waiting() == 0, 10)
+        assert server.sql.workers._lent == 0
+        client.close()
 
 
 def test_adbc_statements_start_at_create_prepared_statement(gateway: Any) -> None:

@@ -12,9 +12,9 @@ started when it pins the same versions.
 
 Nothing in the contract changes: a ticket is still a sealed handle any replica runs from
 scratch. A statement started early that no DoGet takes within ``limits.sql_early_start_s`` is
-stopped and forgotten (its slots and worker given back); so is one whose caller asks for
-another FlightInfo first (one waits per principal), whose statement is cancelled, or whose
-slots another statement needs. It is only ever started when a worker is idle and the caller's
+stopped and forgotten (its slots and worker given back); so is one whose statement is
+cancelled, whose slots another statement needs, or whose caller has ``PER_PRINCIPAL`` newer
+ones waiting. It is only ever started when a worker is idle and the caller's
 slots are free at that moment: it never makes another call wait or fail.
 """
 
@@ -50,14 +50,18 @@ class Started:
     expiry: Deadline | None = None
 
 
+#: Statements one principal may have started early and not taken yet; a further one stops the
+#: oldest (a service account often stands for many users at once).
+PER_PRINCIPAL = 4
+
+
 class EarlyStarts:
-    """The statements started early and not taken yet: one per principal."""
+    """The statements started early and not taken yet, at most ``PER_PRINCIPAL`` each."""
 
     def __init__(self, wait_s: float) -> None:
         self.wait_s = wait_s
         self._lock = threading.Lock()
-        self._by_key: dict[Hashable, Started] = {}
-        self._by_who: dict[str, Hashable] = {}
+        self._by_key: dict[Hashable, Started] = {}  # oldest first
         #: Statements started early, taken by their DoGet, and stopped untaken.
         self.counts = {"started": 0, "taken": 0, "abandoned": 0}
 
@@ -66,11 +70,14 @@ class EarlyStarts:
         return self.wait_s > 0
 
     def add(self, started: Started) -> None:
-        """Hold ``started`` for its DoGet (a principal's earlier one is abandoned)."""
+        """Hold ``started`` for its DoGet (its principal's oldest is stopped past
+        ``PER_PRINCIPAL``)."""
         with self._lock:
-            old = self._pop(self._by_who.get(started.who))
+            old = self._pop(started.key)  # the same statement, started twice: the later one
+            mine = [k for k, s in self._by_key.items() if s.who == started.who]
+            if old is None and len(mine) >= PER_PRINCIPAL:
+                old = self._pop(mine[0])
             self._by_key[started.key] = started
-            self._by_who[started.who] = started.key
             self._count("started")
         if old is not None:
             self._abandon(old)
@@ -99,13 +106,6 @@ class EarlyStarts:
         if started is not None:
             self._abandon(started)
 
-    def abandon_of(self, who: str) -> None:
-        """Stop ``who``'s statement started early (it asks for another FlightInfo)."""
-        with self._lock:
-            started = self._pop(self._by_who.get(who))
-        if started is not None:
-            self._abandon(started)
-
     def abandon_oldest(self) -> bool:
         """Stop the statement started early longest ago (another statement needs its slots);
         whether there was one."""
@@ -129,10 +129,7 @@ class EarlyStarts:
             return len(self._by_key)
 
     def _pop(self, key: Hashable | None) -> Started | None:
-        started = self._by_key.pop(key, None) if key is not None else None
-        if started is not None and self._by_who.get(started.who) == key:
-            del self._by_who[started.who]
-        return started
+        return self._by_key.pop(key, None) if key is not None else None
 
     def _count(self, outcome: str) -> None:
         self.counts[outcome] += 1

@@ -519,7 +519,6 @@ class FlightSqlService:
         key = early_key(handle)
         if self.early.holds(key, who.name):
             return self.schema_of(handle, who)
-        self.early.abandon_of(who.name)  # one waits per principal: its slots go to this one
         schema = self.schema_of(handle, who)
         self._start_early(key, handle, snaps, who)
         return schema
