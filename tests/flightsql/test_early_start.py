@@ -157,3 +157,19 @@ def test_adbc_statements_start_at_create_prepared_statement(gateway: Any) -> Non
             assert early.counts["abandoned"] == before["abandoned"]
     assert early.counts["taken"] >= 2  # the first may find no worker started yet
     _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)
+
+
+def test_a_statement_started_early_whose_table_was_dropped_is_refused(
+    gateway: Any, tmp_path: Path
+) -> None:
+    """Its DoGet checks the pinned versions as any DoGet does: NOT_FOUND, no rows."""
+    raw = _raw(gateway)
+    _rows(raw, _info(raw, COUNT))
+    info = _info(raw, COUNT)
+    assert gateway.sql.early.waiting() == 1
+    client = client_for(gateway)
+    client.drop_table("numbers")
+    with pytest.raises(KeyError, match="does not exist"):  # NOT_FOUND
+        _rows(raw, info)
+    _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)
+    client.close()

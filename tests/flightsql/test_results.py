@@ -190,8 +190,8 @@ def test_a_statement_asks_the_catalog_for_its_tables_heads_once_per_call(
     served: tuple[Any, HarnessClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A table named three times, and the other tables of a statement, are pinned with one
-    catalog read of their heads per call (GetFlightInfo, then DoGet), not one per name; a
-    DoGet that takes over the statement started at GetFlightInfo reads none."""
+    catalog read of their heads per call (GetFlightInfo, then DoGet), not one per name,
+    whether the statement started at GetFlightInfo or at DoGet."""
     server, client = served
     sql = "SELECT count(*) FROM t a JOIN t b USING (id) JOIN t c USING (id) WHERE a.id < 10"
     assert _rows(client.uri, sql) == [(10,)]  # typed (and kept) before
@@ -214,9 +214,9 @@ def test_a_statement_asks_the_catalog_for_its_tables_heads_once_per_call(
     server.sql.results = plans.Results(0)  # computed this time: started at GetFlightInfo
     info = raw.get_flight_info(descriptor)
     assert raw.do_get(info.endpoints[0].ticket).read_all().column(0).to_pylist() == [10]
-    assert len(calls) == 3
-    server.sql.early.wait_s = 0  # started at DoGet: one read per call
+    assert len(calls) == 4
+    server.sql.early.wait_s = 0  # started at DoGet
     info = raw.get_flight_info(descriptor)
     assert raw.do_get(info.endpoints[0].ticket).read_all().column(0).to_pylist() == [10]
-    assert len(calls) == 5
+    assert len(calls) == 6
     raw.close()

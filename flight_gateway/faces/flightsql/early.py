@@ -20,17 +20,14 @@ slots are free at that moment: it never makes another call wait or fail.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flight_gateway.core.metrics import SQL_EARLY
 from flight_gateway.faces.flightsql.deadlines import Deadline, Deadlines
 from flight_gateway.faces.flightsql.workers import Execution
-
-log = logging.getLogger(__name__)
 
 #: Statements started early end here when no DoGet took them (not the statements' own
 #: deadlines: an abandoned one must not delay those).
@@ -46,7 +43,6 @@ class Started:
     execution: Execution
     release: Callable[[], None]  # its slots
     kept_as: tuple[Any, ...] | None  # where its result is kept, when it may be
-    tables: list[str] = field(default_factory=list)
     expiry: Deadline | None = None
 
 
@@ -79,9 +75,10 @@ class EarlyStarts:
                 old = self._pop(mine[0])
             self._by_key[started.key] = started
             self._count("started")
+            # Under the lock: whoever pops it next finds its expiry, to cancel.
+            started.expiry = _EXPIRY.after(self.wait_s, lambda: self._expire(started))
         if old is not None:
             self._abandon(old)
-        started.expiry = _EXPIRY.after(self.wait_s, lambda: self.abandon(started.key))
 
     def holds(self, key: Hashable, who: str) -> bool:
         with self._lock:
@@ -105,6 +102,14 @@ class EarlyStarts:
             started = self._pop(key)
         if started is not None:
             self._abandon(started)
+
+    def _expire(self, started: Started) -> None:
+        """``started`` if it still waits (not a later start of the same statement)."""
+        with self._lock:
+            if self._by_key.get(started.key) is not started:
+                return
+            self._pop(started.key)
+        self._abandon(started)
 
     def abandon_oldest(self) -> bool:
         """Stop the statement started early longest ago (another statement needs its slots);

@@ -369,14 +369,13 @@ class FlightSqlService:
             kept = self.results.peek(kept_as)
             if kept is not None:
                 return kept.to_reader()
-        plan, _, same_rows = self._built(handle, who, reads)
+        plan, same_rows = self._built(handle, who, reads)
         return self._streamed(key, self._run(plan, "run", who), kept_as if same_rows else None)
 
     def _built(
         self, handle: dict[str, Any], who: Principal, reads: Any = None
-    ) -> tuple[Plan, Statement, bool]:
-        """What a worker runs for the handle's statement, the statement, and whether it is
-        deterministic."""
+    ) -> tuple[Plan, bool]:
+        """What a worker runs for the handle's statement, and whether it is deterministic."""
         with tracing.span("sql.plan"):
             stmt, rels = self._relations(handle, plan=True, who=who, reads=reads)
         sql, same_rows = self._sql(stmt)
@@ -390,7 +389,7 @@ class FlightSqlService:
             for r in rels
         }
         log.info("flight sql: %s", json.dumps(report))
-        return plan, stmt, same_rows
+        return plan, same_rows
 
     def _streamed(
         self, key: bytes, ex: Execution, kept_as: tuple[Any, ...] | None
@@ -440,9 +439,7 @@ class FlightSqlService:
         statement that reads streams (their sources would be read for nothing if no DoGet
         came)."""
         try:
-            plan, stmt, same_rows = self._built(
-                handle, who, self._prepare_reads(handle, who, snaps)
-            )
+            plan, same_rows = self._built(handle, who, self._prepare_reads(handle, who, snaps))
         except BaseException:
             self.workers.give_back(worker, healthy=True)
             raise
@@ -456,7 +453,6 @@ class FlightSqlService:
             ex,
             release=lambda: self.core.release_statement_slots(who.name),
             kept_as=kept_as if same_rows else None,
-            tables=sorted({ref.table for ref in stmt.refs}),
         )
 
     def engine_plan(self, sql: str, who: Principal) -> Plan:
@@ -548,7 +544,7 @@ class FlightSqlService:
         self.running.check(key)
         started = self.early.take(early_key(handle), who.name)
         if started is not None:
-            return self._take_over(started, who, key), started.release
+            return self._take_over(started, handle, who, key), started.release
         self._take_slots(who)
         try:
             reader = self.execute(handle, who, key)
@@ -558,14 +554,14 @@ class FlightSqlService:
         return reader, lambda: self.core.release_statement_slots(who.name)
 
     def _take_over(
-        self, started: early.Started, who: Principal, key: bytes
+        self, started: early.Started, handle: dict[str, Any], who: Principal, key: bytes
     ) -> pa.RecordBatchReader:
-        """The result of a statement started early (its pins and plan are its FlightInfo's,
-        made moments ago), cancellable by its ticket's handle ``key``; its caller must still
-        be allowed to read its tables."""
+        """The result of a statement started early (its plan is its FlightInfo's), cancellable
+        by its ticket's handle ``key``, after the checks of any DoGet: its caller may still
+        read its tables, and the versions it pins are still there (not dropped nor expired).
+        They run while the statement does."""
         try:
-            for table in started.tables:
-                who.require("read", table)
+            self._prepare_reads(handle, who)
         except BaseException:
             started.release()
             started.execution.abandon()
