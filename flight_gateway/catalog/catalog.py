@@ -127,6 +127,10 @@ class Catalog:
         """The version a commit id produced, or None if it was never applied."""
         return queries.find_commit(self.engine, name, commit_id)
 
+    def find_commits(self, name: str, commit_ids: Sequence[str]) -> dict[str, int]:
+        """The commit ids of ``commit_ids`` that were applied, with the versions they produced."""
+        return queries.find_commits(self.engine, name, commit_ids)
+
     def now(self) -> float:
         """The catalog database's clock (the clock of commit times), epoch seconds."""
         with db.read_tx(self.engine) as conn:

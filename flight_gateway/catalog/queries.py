@@ -133,6 +133,18 @@ def find_commit(engine: Engine, name: str, commit_id: str) -> int | None:
         return None if v is None else int(v)
 
 
+def find_commits(engine: Engine, name: str, commit_ids: Sequence[str]) -> dict[str, int]:
+    """``find_commit`` of several commit ids in one read: the ids applied, with their versions."""
+    with read_tx(engine) as conn:
+        t = table_row(conn, name)
+        found = conn.execute(
+            select(versions.c.commit_id, versions.c.version).where(
+                versions.c.table_id == t.id, versions.c.commit_id.in_(list(set(commit_ids)))
+            )
+        )
+        return {str(r.commit_id): int(r.version) for r in found}
+
+
 def head(engine: Engine, name: str, as_of: float | None = None) -> TableHead:
     with read_tx(engine) as conn:
         t = table_row(conn, name)

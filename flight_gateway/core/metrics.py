@@ -67,6 +67,13 @@ SQL_EARLY = Counter(
     registry=REGISTRY,
 )
 LOCKS = Counter("harness_lock_requests", "Lock requests by outcome", ["outcome"], registry=REGISTRY)
+DOPUT_GROUP_SIZE = Histogram(
+    "harness_doput_group_size",
+    "DoPuts to the same sources of a table committed under one write lease (concurrent uploads "
+    "queued in this gateway share the leader's lease and its fresh read of the table)",
+    buckets=(1, 2, 4, 8, 16),
+    registry=REGISTRY,
+)
 WRITE_LEASE_SECONDS = Histogram(
     "harness_write_lease_seconds",
     "The gateway's own write leases (DoPut, commit_write, move): time waited for the lock, and "

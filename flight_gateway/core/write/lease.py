@@ -81,10 +81,11 @@ def leased(
     try:
         yield grant
     finally:
-        renewer.stop.set()
-        renewer.join()
-        catalog.unlock(grant.lock_id)
-        WATCH.release(grant.lock_id)
+        with tracing.span("lock.release", table=table):
+            renewer.stop.set()
+            renewer.join()
+            catalog.unlock(grant.lock_id)
+            WATCH.release(grant.lock_id)
         _observe(work, "held", time.monotonic() - granted, table, sources, owner)
 
 

@@ -1,0 +1,187 @@
+"""Uploads queued for the same sources share one write lease (DESIGN §18): each keeps its own
+commit id and version, a retry of any of them finds it, and one failing does not fail the
+others. Checked against pyiceberg reading the Iceberg table directly."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from clients import HarnessClient
+from flight_gateway.core.metrics import REGISTRY
+from flight_gateway.core.write import ingest
+from tests.conftest import client_for
+from tests.gateway.helpers import IcebergFixture
+
+pytestmark = pytest.mark.integration
+SCHEMA = [
+    {"name": "id", "type": "int64", "nullable": False},
+    {"name": "region", "type": "string"},
+]
+ARROW = pa.schema([pa.field("id", pa.int64(), nullable=False), ("region", pa.string())])
+
+
+@pytest.fixture
+def table(client: HarnessClient, tmp_path: Path, iceberg: IcebergFixture) -> IcebergFixture:
+    iceberg.create("grouped", ARROW)
+    client.create_table("t", SCHEMA, partition_by=["region"])
+    client.commit(
+        "t",
+        add_sources=[
+            {
+                "name": "files",
+                "kind": "files",
+                "partition": {"region": "files"},
+                "config": {"root": str(tmp_path / "files")},
+                "state": {"files": []},
+            },
+            {
+                "name": "iceberg",
+                "kind": "iceberg",
+                "partition": {"region": "iceberg"},
+                "config": iceberg.source_config("grouped"),
+                "state": {"snapshot_id": None},
+            },
+        ],
+    )
+    return iceberg
+
+
+def rows(region: str, first: int, n: int = 5) -> pa.Table:
+    return pa.table({"id": range(first, first + n), "region": [region] * n}, schema=ARROW)
+
+
+def groups_observed() -> float:
+    return REGISTRY.get_sample_value("harness_doput_group_size_count") or 0.0
+
+
+def queued(server: Any) -> int:
+    """Uploads of this gateway waiting behind a leader for ``t``'s Iceberg source."""
+    key = ingest._Upload(server.core.gw, "t", "", {"iceberg": pa.table({})}, 0, False).key
+    return ingest._GROUPS.queued(key)
+
+
+def put_all(server: Any, uploads: list[tuple[str, pa.Table]]) -> list[Any]:
+    """Each upload from its own client and thread, at once; their outcomes (or errors)."""
+    out: list[Any] = [None] * len(uploads)
+
+    def put(i: int, commit_id: str, data: pa.Table) -> None:
+        with client_for(server) as c:
+            try:
+                out[i] = c.put("t", data, commit_id=commit_id, source="iceberg")
+            except Exception as e:
+                out[i] = e
+
+    threads = [
+        threading.Thread(target=put, args=(i, cid, data)) for i, (cid, data) in enumerate(uploads)
+    ]
+    for t in threads:
+        t.start()
+    return [threads, out]
+
+
+def wait_queued(server: Any, n: int) -> None:
+    deadline = time.monotonic() + 30
+    while queued(server) < n:
+        assert time.monotonic() < deadline, f"{queued(server)} uploads queued, not {n}"
+        time.sleep(0.02)
+
+
+def test_queued_uploads_commit_under_one_lease_each_with_its_own_version(
+    gateway, client: HarnessClient, table: IcebergFixture
+) -> None:
+    server, catalog = gateway
+    before = client.describe("t").version
+    held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
+    # The first upload leads and waits for the lock; the rest queue behind it in the gateway
+    # (a principal has four uploads in progress at most), one of them a second try of an id
+    # already queued (its reply "lost" before it was sent).
+    uploads = [(f"up-{i}", rows("iceberg", 10 * i)) for i in range(3)] + [
+        ("up-1", rows("iceberg", 10))
+    ]
+    groups = groups_observed()
+    threads, out = put_all(server, uploads[:1])
+    time.sleep(0.3)  # the leader is waiting for the lock
+    more, out_more = put_all(server, uploads[1:])
+    wait_queued(server, 3)
+    catalog.unlock(held.lock_id)
+    for t in threads + more:
+        t.join(60)
+    results = out + out_more
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert groups_observed() - groups == 2  # the leader alone, then the three queued together
+    applied = {
+        cid: r["version"] for (cid, _), r in zip(uploads, results, strict=True) if r["applied"]
+    }
+    assert sorted(applied) == ["up-0", "up-1", "up-2"]
+    assert sorted(applied.values()) == list(range(before + 1, before + 4))  # one version each
+    again = [
+        r
+        for (cid, _), r in zip(uploads, results, strict=True)
+        if cid == "up-1" and not r["applied"]
+    ]
+    assert len(again) == 1 and again[0]["version"] == applied["up-1"]
+    for cid, version in applied.items():  # every id's version holds its rows and those before
+        assert catalog.find_commit("t", cid) == version
+        n = sum(1 for v in applied.values() if v <= version)
+        assert client.read("t", version=version).num_rows == 5 * n
+    direct = table.catalog.load_table("db.grouped").scan().to_arrow()  # pyiceberg, not the gateway
+    ids = sorted(client.read("t").column("id").to_pylist())
+    assert (
+        ids
+        == sorted(direct.column("id").to_pylist())
+        == [*range(5), *range(10, 15), *range(20, 25)]
+    )
+    assert client.describe("t").source("iceberg").state["snapshot_id"] == (
+        table.catalog.load_table("db.grouped").current_snapshot().snapshot_id
+    )
+
+
+def test_a_failing_upload_fails_alone_and_its_retry_applies_once(
+    gateway, client: HarnessClient, table: IcebergFixture
+) -> None:
+    server, catalog = gateway
+    real_commit = catalog.commit
+
+    def flaky_commit(table: str, commit_id: str, **kw: Any) -> Any:
+        if commit_id == "bad":  # the gateway fails after writing, before committing this one
+            raise RuntimeError("simulated failure before the harness commit")
+        return real_commit(table, commit_id, **kw)
+
+    held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
+    catalog.commit = flaky_commit
+    try:
+        threads, out = put_all(server, [("lead", rows("iceberg", 0))])
+        time.sleep(0.3)
+        uploads = [
+            ("a", rows("iceberg", 10)),
+            ("bad", rows("iceberg", 20)),
+            ("b", rows("iceberg", 30)),
+        ]
+        more, out_more = put_all(server, uploads)
+        wait_queued(server, 3)
+        catalog.unlock(held.lock_id)
+        for t in threads + more:
+            t.join(60)
+    finally:
+        catalog.commit = real_commit
+    assert out[0]["applied"] and out_more[0]["applied"] and out_more[2]["applied"]
+    assert isinstance(out_more[1], Exception) and "simulated failure" in str(out_more[1])
+    assert sorted(client.read("t").column("id").to_pylist()) == sorted(
+        [*range(0, 5), *range(10, 15), *range(30, 35)]
+    )
+    res = client.put("t", rows("iceberg", 20), commit_id="bad", source="iceberg")
+    assert res["applied"]
+    ids = sorted(client.read("t").column("id").to_pylist())
+    assert ids == sorted([*range(0, 5), *range(10, 15), *range(20, 25), *range(30, 35)])
+    direct = (
+        table.catalog.load_table("db.grouped")
+        .scan(snapshot_id=client.describe("t").source("iceberg").state["snapshot_id"])
+        .to_arrow()
+    )
+    assert sorted(direct.column("id").to_pylist()) == ids
