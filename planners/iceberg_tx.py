@@ -99,7 +99,10 @@ def share_metadata(catalog: Any) -> None:
     Glue, Hive, ...) builds the committed metadata itself, a REST catalog's server does."""
     from pyiceberg.catalog import MetastoreCatalog
 
+    from planners.iceberg_manifests import cache_pyiceberg_reads
+
     keep_metadata_parsed()
+    cache_pyiceberg_reads()
     if isinstance(catalog, MetastoreCatalog):
         catalog._update_and_stage_table = types.MethodType(_update_and_stage_table, catalog)  # type: ignore[method-assign]
 

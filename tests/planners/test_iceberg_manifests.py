@@ -96,3 +96,31 @@ def test_the_cache_stays_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         table.append(_rows(i * 10, 10))
     assert len(plan(table.scan()).tasks) == 12
     assert iceberg_manifests.stats()["entries"] <= 8
+
+
+def test_an_overwrite_reads_the_entries_readers_decoded(tmp_path: Path) -> None:
+    """A compaction's rewrite under the source's lease: pyiceberg's overwrite fetches every
+    manifest of its parent twice; once the gateway shares the cache with pyiceberg, none is
+    decoded again, and the rewritten table holds exactly the rows it held."""
+    import pyarrow.parquet as pq
+
+    from planners.iceberg import lineage_after
+    from planners.iceberg_rewrite import rewrite
+
+    iceberg_manifests.cache_pyiceberg_reads()
+    iceberg = IcebergFixture(tmp_path)
+    table = iceberg.create("t", SCHEMA)
+    for i in range(8):
+        table.append(_rows(i * 10, 10))
+    plan(table.scan())  # the source's readers
+    rows = table.scan().to_arrow()
+    path = f"{table.location().removeprefix('file://')}/data/compacted.parquet"
+    pq.write_table(rows, path)
+    before = iceberg_manifests.stats()
+    rewrite(table, "t", table.current_snapshot().snapshot_id, [path], "compact-1", lineage_after)
+    after = iceberg_manifests.stats()
+    assert after["misses"] == before["misses"]
+    assert after["hits"] - before["hits"] >= 3 * 8  # the rewrite's read, pyiceberg's two
+    table = iceberg.catalog.load_table("db.t")
+    assert [t.file.file_path for t in table.scan().plan_files()] == [path]
+    assert table.scan().to_arrow().sort_by("id").equals(rows.sort_by("id"))
