@@ -11,6 +11,7 @@ from flight_gateway.catalog import Catalog
 from flight_gateway.core.config import Limits
 from flight_gateway.core.reach import ReachPolicy
 from flight_gateway.core.secrets import SecretResolver
+from flight_gateway.core.snapshots import Snapshots
 from flight_gateway.core.source_defs import SourceDefCache
 
 
@@ -24,9 +25,12 @@ class Gateway:
     #: derive it from the shared ticket key.
     tag_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     source_defs: SourceDefCache = field(init=False)
+    #: Table versions described once, for reads and writes alike.
+    snapshots: Snapshots = field(init=False)
 
     def __post_init__(self) -> None:
         self.source_defs = SourceDefCache(self.catalog)
+        self.snapshots = Snapshots(self.catalog)
 
     def tag_key(self, table_id: int, source: str) -> bytes:
         """The write-tag key of one source of one table incarnation."""

@@ -8,8 +8,6 @@ pinned version, so any replica sharing the catalog and the ticket key can serve 
 from __future__ import annotations
 
 import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -44,13 +42,11 @@ class ReadService:
         self.catalog = gw.catalog
         self.signer = signer
         self.direct = direct or DirectSigner(secrets.token_bytes(32), signer.ttl_s)
-        self._cache: OrderedDict[tuple[int, int], TableSnapshot] = OrderedDict()
-        self._lock = threading.Lock()
 
-    # A pinned version never changes, so the calls that read it share one description of it;
-    # keyed by the table's id (its incarnation), never its name. Each call still asks the
-    # catalog for the table's head (one primary-key lookup): which incarnation the name is now
-    # and which versions it keeps, so a dropped, re-created or expired version is never served.
+    # A pinned version never changes, so the calls that read it share one description of it
+    # (``gw.snapshots``). Each call still asks the catalog for the table's head: which
+    # incarnation the name is now and which versions it keeps, so a dropped, re-created or
+    # expired version is never served.
     def snapshot(
         self,
         table: str,
@@ -100,19 +96,7 @@ class ReadService:
                 f"version {version} of table {table!r} has expired "
                 f"(oldest kept is {head.min_version})"
             )
-        with self._lock:
-            hit = self._cache.get((head.table_id, version))
-            if hit is not None:
-                self._cache.move_to_end((head.table_id, version))
-                return hit
-        snap = self.catalog.describe(table, version=version)
-        if snap.table_id != head.table_id:  # dropped and created again in between
-            raise NotFound(f"table {table!r} was dropped while it was being read")
-        with self._lock:
-            self._cache[(snap.table_id, snap.version)] = snap
-            while len(self._cache) > 128:  # each snapshot holds every source state
-                self._cache.popitem(last=False)
-        return snap
+        return self.gw.snapshots.at(table, version, head.table_id)
 
     def schema_for(self, req: ReadRequest) -> tuple[TableSnapshot, pa.Schema]:
         snap = self.snapshot(req.table, req.version, req.as_of)

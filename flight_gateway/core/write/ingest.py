@@ -302,7 +302,7 @@ def _apply_group(_key: str, uploads: Sequence[_Upload]) -> list[dict[str, Any] |
         with tracing.span("recheck", table=table, uploads=len(uploads)):
             # Another try of a commit may have finished meanwhile; states fresh under the lock.
             done = catalog.find_commits(table, [u.commit_id for u in uploads])
-            snap = catalog.describe(table)
+            snap = gw.snapshots.latest(table)
         states: dict[str, Any] = {}
         outcomes: list[dict[str, Any] | BaseException] = []
         for upload in uploads:
@@ -361,7 +361,7 @@ def do_put(
         done = catalog.find_commit(table, commit_id)
         if done is not None:
             return _not_applied(done)
-        snap = catalog.describe(table)
+        snap = gw.snapshots.latest(table)
     merge = mode(command) == "merge"
     with tracing.span("validate", table=table, rows=data.num_rows):
         rows = with_ops(snap, data, _validate) if merge else _validate(snap, data)
