@@ -211,13 +211,13 @@ def scan_dataset(request: ScanRequest, data: Any) -> pa.RecordBatchReader:
         scanner = ds.Scanner.from_batches(data, **options)
     else:
         scanner = data.scanner(use_threads=True, **options)
-    out = conform(_reader(scanner), cols, mapping)
+    out = conform(scanner_reader(scanner), cols, mapping)
     if request.predicate is not None and not exact:
         out = apply_residual(out, request.predicate)
     return out
 
 
-def _reader(scanner: Any) -> pa.RecordBatchReader:
+def scanner_reader(scanner: Any) -> pa.RecordBatchReader:
     """``scanner.to_reader()``, but the scan is started and each batch fetched without the GIL:
     pyarrow's ``to_reader`` starts the scan holding it. A loaded gateway (64 readers of a
     source of hundreds of small files, one scanner each) held the GIL there in 42 % of py-spy's

@@ -43,6 +43,7 @@ from planners.common import (
     group_by_size,
     physical_names,
     pushdown,
+    scanner_reader,
 )
 from planners.kind import (
     Additive,
@@ -216,7 +217,7 @@ class DeltaKind(SourceKind):
             batch_size=DEFAULT_BATCH_ROWS,
             use_threads=True,
         )
-        out = conform(scanner.to_reader(), cols, mapping)
+        out = conform(scanner_reader(scanner), cols, mapping)
         if request.predicate is not None and not exact:
             out = apply_residual(out, request.predicate)
         return out
