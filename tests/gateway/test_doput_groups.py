@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -27,19 +26,12 @@ ARROW = pa.schema([pa.field("id", pa.int64(), nullable=False), ("region", pa.str
 
 
 @pytest.fixture
-def table(client: HarnessClient, tmp_path: Path, iceberg: IcebergFixture) -> IcebergFixture:
+def table(client: HarnessClient, iceberg: IcebergFixture) -> IcebergFixture:
     iceberg.create("grouped", ARROW)
     client.create_table("t", SCHEMA, partition_by=["region"])
     client.commit(
         "t",
         add_sources=[
-            {
-                "name": "files",
-                "kind": "files",
-                "partition": {"region": "files"},
-                "config": {"root": str(tmp_path / "files")},
-                "state": {"files": []},
-            },
             {
                 "name": "iceberg",
                 "kind": "iceberg",

@@ -9,6 +9,9 @@ commits are applied in arrival order. There is no timer and no background thread
 writer pays nothing, and groups grow exactly as fast as commits arrive while the catalog is
 busy. Other processes (gateway replicas) group their own commits; the table's row lock in the
 catalog orders their groups.
+
+A leader may first wait for something its group needs (``late_apply``: DoPut waits for its
+sources' write lease) and take its group only then, so requests that arrive meanwhile join it.
 """
 
 from __future__ import annotations
@@ -48,13 +51,27 @@ class GroupStats:
     largest: int
 
 
+#: ``late_apply(key, leader's request, take) -> outcomes``: ``take()`` claims the group (the
+#: leader's request first) when the leader is ready for it; one outcome per request taken.
+LateApply = Callable[[str, Req, Callable[[], list[Req]]], Sequence[Out | BaseException]]
+
+
 class GroupCommitter(Generic[Req, Out]):
-    """Runs ``apply(key, requests) -> outcomes`` for groups of concurrent requests per key."""
+    """Runs ``apply(key, requests) -> outcomes`` for groups of concurrent requests per key (or
+    ``late_apply``, which takes its group itself)."""
 
     def __init__(
-        self, apply: Callable[[str, Sequence[Req]], Sequence[Out | BaseException]], max_group: int
+        self,
+        apply: Callable[[str, Sequence[Req]], Sequence[Out | BaseException]] | None,
+        max_group: int,
+        *,
+        late_apply: LateApply[Req, Out] | None = None,
     ) -> None:
-        self._apply = apply
+        if (apply is None) == (late_apply is None):
+            raise ValueError("give apply or late_apply")
+        self._late: LateApply[Req, Out] = late_apply or (
+            lambda key, _first, take: apply(key, take())  # type: ignore[misc]
+        )
         self._max_group = max_group
         self._mutex = threading.Lock()
         self._queues: dict[str, _Queue[Req, Out]] = {}
@@ -88,18 +105,27 @@ class GroupCommitter(Generic[Req, Out]):
         return me.outcome  # type: ignore[return-value]
 
     def _lead(self, key: str, q: _Queue[Req, Out]) -> None:
+        group: list[_Waiter[Req, Out]] = []
+
+        def take() -> list[Req]:
+            if not group:
+                with self._mutex:
+                    group.extend(q.waiting[: self._max_group])  # the leader is first
+                    del q.waiting[: self._max_group]
+                    self._groups += 1
+                    self._commits += len(group)
+                    self._largest = max(self._largest, len(group))
+            return [w.request for w in group]
+
         with self._mutex:
-            group = q.waiting[: self._max_group]  # the leader is first
-            del q.waiting[: self._max_group]
-            self._groups += 1
-            self._commits += len(group)
-            self._largest = max(self._largest, len(group))
+            first = q.waiting[0].request  # the leader's: nobody else takes from the queue
         outcomes: list[Out | BaseException]
         try:
-            outcomes = list(self._apply(key, [w.request for w in group]))
+            outcomes = list(self._late(key, first, take))
             if len(outcomes) != len(group):
                 raise RuntimeError(f"{len(outcomes)} outcomes for a group of {len(group)}")
-        except BaseException as e:  # the whole group failed: every member learns why
+        except BaseException as e:  # the whole group failed (or never had what it waited
+            take()  # for, which everyone queued waited for too): every member learns why
             outcomes = [e] * len(group)
         # However the group ended, the next leader must be chosen or queued commits hang.
         with self._mutex:

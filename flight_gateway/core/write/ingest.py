@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight_gateway.catalog import SourceSnapshot, TableSnapshot
+from flight_gateway.catalog.commit.group import GroupCommitter
 from flight_gateway.core import tracing
 from flight_gateway.core.auth import Principal
 from flight_gateway.core.context import Gateway
@@ -302,6 +302,7 @@ def _apply_group(
         wait_s=60,
     ) as grant:
         uploads = take()
+        DOPUT_GROUP_SIZE.observe(len(uploads))
         with tracing.span("recheck", table=table, uploads=len(uploads)):
             # Another try of a commit may have finished meanwhile; states fresh under the lock.
             done = catalog.find_commits(table, [u.commit_id for u in uploads])
@@ -352,84 +353,12 @@ def _put_one(
     return {"version": res.version, "applied": res.applied, "rows": upload.rows}
 
 
-class _Waiting:
-    __slots__ = ("event", "lead", "outcome", "upload")
-
-    def __init__(self, upload: _Upload) -> None:
-        self.upload = upload
-        self.outcome: dict[str, Any] | BaseException | None = None
-        self.lead = False
-        self.event = threading.Event()
-
-
-class _LeaseGroups:
-    """Uploads of one gateway queued per key (``_Upload.key``). The first of a key leads: it
-    waits for the sources' lease, and only once it holds it takes every upload queued by then
-    (itself first, at most ``MAX_GROUP``) and writes them (``_apply_group``): uploads that
-    arrive while the lease is awaited, behind a move or a compaction's commit, join that lease
-    instead of waiting for the next one. Then the first upload still queued leads the next
-    group. As the catalog's group commit (``catalog.commit.group``): no timer, no thread."""
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._queues: dict[str, list[_Waiting]] = {}
-
-    def submit(self, upload: _Upload) -> dict[str, Any]:
-        me, key = _Waiting(upload), upload.key
-        with self._mutex:
-            queue = self._queues.setdefault(key, [])
-            queue.append(me)
-            me.lead = len(queue) == 1
-        if not me.lead:
-            me.event.wait()
-        if me.lead:
-            self._lead(key, me)
-        if isinstance(me.outcome, BaseException):
-            raise me.outcome
-        assert me.outcome is not None
-        return me.outcome
-
-    def queued(self, key: str) -> int:
-        """Uploads of ``key`` waiting, their leader's included."""
-        with self._mutex:
-            return len(self._queues.get(key, ()))
-
-    def _take(self, key: str) -> list[_Waiting]:
-        with self._mutex:
-            queue = self._queues[key]
-            group = queue[:MAX_GROUP]  # the leader is first
-            DOPUT_GROUP_SIZE.observe(len(group))
-            return group
-
-    def _lead(self, key: str, me: _Waiting) -> None:
-        group: list[_Waiting] = []
-
-        def take() -> list[_Upload]:
-            group.extend(self._take(key))
-            return [w.upload for w in group]
-
-        outcomes: list[dict[str, Any] | BaseException]
-        try:
-            outcomes = _apply_group(me.upload, take)
-        except BaseException as e:  # no lease within its wait, or lost: all queued learn why
-            if not group:  # they waited for the same lease
-                take()
-            outcomes = [e] * len(group)
-        with self._mutex:  # however it ended, the next leader is chosen or queued ones hang
-            queue = self._queues[key]
-            del queue[: len(group)]
-            if queue:
-                queue[0].lead = True
-                queue[0].event.set()
-            else:
-                del self._queues[key]
-        for w, o in zip(group, outcomes, strict=True):
-            w.outcome = o
-            if w is not me:
-                w.event.set()
-
-
-_GROUPS = _LeaseGroups()
+#: Uploads of this gateway queued per ``_Upload.key``: the first of a key leads, waits for
+#: the sources' lease and only then takes every upload queued by then (``_apply_group``), so
+#: uploads that arrive while it waits behind a move or a compaction's commit join that lease.
+_GROUPS: GroupCommitter[_Upload, dict[str, Any]] = GroupCommitter(
+    None, MAX_GROUP, late_apply=lambda _key, first, take: _apply_group(first, take)
+)
 
 
 def do_put(
@@ -453,4 +382,8 @@ def do_put(
             s = snap.source(name)
             if not isinstance(get_kind(s.kind), Merges):
                 raise InvalidArgument(f"source {name!r} ({s.kind}) does not take upserts/deletes")
-    return _GROUPS.submit(_Upload(gw, table, commit_id, parts, rows.num_rows, merge))
+    upload = _Upload(gw, table, commit_id, parts, rows.num_rows, merge)
+    outcome = _GROUPS.submit(upload.key, upload)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
