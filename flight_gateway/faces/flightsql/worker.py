@@ -510,12 +510,17 @@ def _stream(con: Any, sql: str, batch_rows: int, fd: int) -> int:
 
 def _watch(fd: int, con: Any, finished: threading.Event) -> None:
     """Interrupt the statement when the gateway writes to (or closes) the interrupt pipe before
-    it has finished: its time ran out, or its caller went away."""
+    it has finished: its time ran out, or its caller went away. DuckDB's interrupt stops only
+    the query running at that moment: one asked for between two (while the statement's
+    relations are made, or just before its query starts: a statement started early and
+    cancelled at once) was lost, and the statement ran until the gateway killed its worker
+    (``GRACE_S``, seen in CI). So it is asked again until the statement has ended."""
     with contextlib.suppress(OSError):
         os.read(fd, 1)
     _close_fd(fd)
-    if not finished.is_set():
+    while not finished.is_set():
         con.interrupt()
+        finished.wait(0.05)
 
 
 class SetupFailed(Exception):
