@@ -80,23 +80,27 @@ def _rows(case: str, load: Load, seconds: float, lost: int, dup: int) -> Iterato
         raise AssertionError(f"{case}: {lost} acknowledged rows lost, {dup} duplicated")
 
 
-def _limits(writers: int, readers: int) -> dict[str, Any]:
-    """Every client here is the one anonymous principal standing in for many users, so the
-    per-principal limits (4 uploads, 64 streams by default) are raised to the load's size, as
-    an operator would for such a caller; a refusal left over is retried by the client (Busy)."""
+def _config(writers: int, readers: int) -> dict[str, Any]:
+    """The gateway as an operator configures it for this load. Every client here is the one
+    anonymous principal standing in for many users, so the per-principal limits (4 uploads,
+    64 streams by default) are raised to the load's size; a refusal left over is retried by
+    the client (Busy). DoGet streams are read in two processes of their own (one per core,
+    ``read_processes``): in the gateway's process the readers' Python held the interpreter
+    lock the writers' commits waited for."""
     return {
+        "read_processes": 2,
         "limits": {
             "max_uploads_per_principal": writers,
             "max_concurrent_uploads": writers,
             "max_streams_per_principal": 8 * readers + writers,
-        }
+        },
     }
 
 
 def _failover(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[str, Any]]:
     seconds, every, writers, readers = (30, 8, 4, 4) if quick else (180, 20, 16, 16)
     url = _catalog(dsn, "failover")
-    replicas = [GatewayProcess(url, root, **_limits(writers, readers)) for _ in range(2)]
+    replicas = [GatewayProcess(url, root, **_config(writers, readers)) for _ in range(2)]
     for r in replicas:
         r.start()
     try:
@@ -201,7 +205,7 @@ def _load(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dict[st
     seconds, writers, readers = (20, 4, 16) if quick else (600, 16, 64)
     compact_every_s = 8.0 if quick else 60.0
     url = _catalog(dsn, "load")
-    gw = GatewayProcess(url, root, metrics_port=free_port(), **_limits(writers, readers))
+    gw = GatewayProcess(url, root, metrics_port=free_port(), **_config(writers, readers))
     gw.start()
     try:
         with HarnessClient(gw.uri) as client:

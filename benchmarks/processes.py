@@ -82,14 +82,21 @@ class GatewayProcess:
         return self.resident().get("VmRSS", float("nan"))
 
     def resident(self) -> dict[str, float]:
-        """Resident memory of the running process, MB: ``VmRSS`` and its parts ``RssAnon``
-        (heaps, stacks, allocator regions) and ``RssFile`` (mapped libraries and files)."""
+        """Resident memory of the running gateway, MB: ``VmRSS`` and its parts ``RssAnon``
+        (heaps, stacks, allocator regions) and ``RssFile`` (mapped libraries and files),
+        summed over the process and its children (read processes, Flight SQL workers, the
+        lease watcher): memory a gateway moves into a child still counts."""
         assert self.proc is not None
-        out = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile"):
-                out[key] = int(value.split()[0]) / 1024
+        out: dict[str, float] = {}
+        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+            try:
+                lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+            except OSError:  # ended meanwhile
+                continue
+            for line in lines:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "RssAnon", "RssFile"):
+                    out[key] = out.get(key, 0.0) + int(value.split()[0]) / 1024
         return out
 
     def breakdown(self) -> dict[str, float]:
@@ -127,3 +134,21 @@ class GatewayProcess:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out

@@ -17,6 +17,7 @@ from flight_gateway.core import metrics, tracing
 from flight_gateway.core.config import GatewayConfig
 from flight_gateway.core.secrets import ScrubFilter
 from flight_gateway.core.services import Core
+from flight_gateway.faces.flight.readers import ReadProcesses
 from flight_gateway.faces.flight.server import FlightFace
 from flight_gateway.faces.flightsql.service import FlightSqlService
 from flight_gateway.protocol.allocator import trim_periodically, tune_for_flight
@@ -54,7 +55,16 @@ class HarnessFlightServer:
             self.core, config.ticket_key_bytes(), config.ticket_ttl_s, limits.sql(),
             workers=limits.max_concurrent_statements,
         )  # fmt: skip
-        self.flight = FlightFace(self.core, config, carried=[self.sql])
+        self.readers = (
+            ReadProcesses(
+                catalog.engine.url.render_as_string(hide_password=False),
+                config,
+                config.read_processes,
+            )
+            if config.read_processes
+            else None
+        )
+        self.flight = FlightFace(self.core, config, carried=[self.sql], readers=self.readers)
         self.rest = self._iceberg_rest()
         metrics.watch_catalog(catalog)
         self._metrics_http = (
@@ -105,6 +115,8 @@ class HarnessFlightServer:
         if self.rest is not None:
             self.rest.shutdown()
         self.flight.shutdown()
+        if self.readers is not None:
+            self.readers.close()
         self.sql.close()
         self.core.close()
         if self._metrics_http is not None:

@@ -159,6 +159,12 @@ class GatewayConfig:
     iceberg_rest_dir: str | None = None
     #: Its bounds (``RestSettings``).
     iceberg_rest: dict[str, Any] = field(default_factory=dict)
+    #: DoGet streams are read in this many processes of their own (0: in the gateway's), so
+    #: the readers' Python does not hold the interpreter lock its writers need
+    #: (flight_gateway.faces.flight.readers). Needs a catalog other processes can open.
+    read_processes: int = 0
+    #: Their ``nice`` increment (0-19): on busy cores the gateway's writers go first.
+    read_processes_nice: int = 5
 
     def __post_init__(self) -> None:
         for what, value in [
@@ -169,6 +175,12 @@ class GatewayConfig:
                 raise ValueError(f"{what} is still an unresolved ${{...}} reference")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together: give both or neither")
+        rp = self.read_processes
+        if not isinstance(rp, int) or isinstance(rp, bool) or not 0 <= rp <= 64:
+            raise ValueError(f"read_processes must be 0 to 64, not {self.read_processes!r}")
+        rn = self.read_processes_nice
+        if not isinstance(rn, int) or isinstance(rn, bool) or not 0 <= rn <= 19:
+            raise ValueError(f"read_processes_nice must be 0 to 19, not {rn!r}")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         self.token_store  # noqa: B018 - every token and certificate named, names unique

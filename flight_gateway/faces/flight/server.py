@@ -22,6 +22,7 @@ from flight_gateway.core.services import Core
 from flight_gateway.core.write import ingest
 from flight_gateway.faces.flight.auth import BearerAuthFactory, HandshakeAuth, principal_of
 from flight_gateway.faces.flight.errors import flight_errors, stream_errors
+from flight_gateway.faces.flight.readers import ReadProcesses
 from flight_gateway.faces.flight.tracing import TraceFactory
 from flight_gateway.protocol import ReadRequest, actions, decode_json
 from flight_gateway.protocol.errors import InvalidArgument
@@ -64,7 +65,13 @@ def _tls(config: GatewayConfig) -> tuple[list[fl.CertKeyPair], bytes | None]:
 
 
 class FlightFace(fl.FlightServerBase):
-    def __init__(self, core: Core, config: GatewayConfig, carried: list[Carried]) -> None:
+    def __init__(
+        self,
+        core: Core,
+        config: GatewayConfig,
+        carried: list[Carried],
+        readers: ReadProcesses | None = None,
+    ) -> None:
         certs, client_ca = _tls(config)
         self.scheme = "grpc+tls" if certs else "grpc"
         super().__init__(
@@ -76,6 +83,7 @@ class FlightFace(fl.FlightServerBase):
             root_certificates=client_ca,
         )
         self.core, self.config, self.carried = core, config, carried
+        self.readers = readers  # DoGet streams read in processes of their own, when set
         # Empty locations mean "this same server" to Flight clients; replicas list each other.
         self.locations = [fl.Location(u) for u in config.locations]
 
@@ -156,7 +164,10 @@ class FlightFace(fl.FlightServerBase):
         principal.require("read", payload.table)
         streams.acquire(principal.name)
         try:
-            reader = reads.open(payload)
+            if self.readers is not None:
+                reader = self.readers.open(ticket.ticket, principal.name)
+            else:
+                reader = reads.open(payload)
         except BaseException:
             streams.release(principal.name)
             raise

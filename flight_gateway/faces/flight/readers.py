@@ -1,0 +1,206 @@
+"""The gateway's read processes (``read_processes = N`` in its config; 0, the default: none).
+
+Measured under 64 readers and 16 writers on two cores (benchmarks/bench_chaos.py): with every
+DoGet in the gateway's process, a writer's commit waited for the interpreter lock behind the
+readers' Python (Kafka messages decoded one by one, dataset scans set up): a 3 ms read of the
+table's state took 0.4 s, and commit p99 was 20 s. With the reads in another process the same
+writers committed 4x as often at p99 1.8 s. So a DoGet's stream is opened in a read process
+(``read_process``) and passed through: the gateway verifies the ticket, checks the caller's
+grant and takes its stream slot as always, then relays the process's stream in Arrow's C++
+(a few microseconds of Python per batch). Errors keep their status codes; a process that dies
+fails its streams with UNAVAILABLE (a client's failover sends the read again) and is started
+again for the next read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight_gateway.core.config import GatewayConfig
+from flight_gateway.faces.flight.read_process import READY, forwarded
+from flight_gateway.protocol.errors import HarnessError, Unavailable
+from flight_gateway.protocol.flight_errors import from_flight_error
+
+log = logging.getLogger(__name__)
+START_S = 120.0  # a process imports pyarrow, the kinds and the catalog before it is ready
+
+
+@dataclass
+class _Process:
+    index: int
+    socket: str
+    popen: subprocess.Popen[bytes] | None = None
+    client: fl.FlightClient | None = None
+    streams: int = 0  # open now
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+class ReadProcesses:
+    """``count`` read processes for one gateway; ``open`` relays a verified ticket's stream
+    from the one with the fewest open streams."""
+
+    def __init__(self, catalog_url: str, config: GatewayConfig, count: int) -> None:
+        if catalog_url.startswith("sqlite://") and (
+            catalog_url in ("sqlite://", "sqlite:///:memory:") or "mode=memory" in catalog_url
+        ):
+            raise ValueError("read_processes needs a catalog other processes can open, not an "
+                             "in-memory SQLite database")  # fmt: skip
+        self._setup = pickle.dumps((catalog_url, config))
+        self._dir = tempfile.mkdtemp(prefix="harness-reads-")  # 0700: only our user connects
+        self._lock = threading.Lock()
+        self._closed = False
+        self._processes = [_Process(i, os.path.join(self._dir, f"r{i}.sock")) for i in range(count)]
+        starting = [threading.Thread(target=self._start, args=(p,)) for p in self._processes]
+        for t in starting:
+            t.start()
+        for t in starting:
+            t.join()
+        dead = [p.index for p in self._processes if not p.alive]
+        if dead:
+            self.close()
+            raise RuntimeError(f"read processes {dead} did not start (see the log above)")
+
+    # ------------------------------------------------------------------ processes
+
+    def _start(self, p: _Process) -> None:
+        if os.path.exists(p.socket):
+            os.unlink(p.socket)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "flight_gateway.faces.flight.read_process", p.socket],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        assert popen.stdin is not None and popen.stdout is not None
+        try:
+            popen.stdin.write(len(self._setup).to_bytes(8, "big") + self._setup)
+            popen.stdin.flush()  # kept open: the process exits when it closes
+            ready = _read_line(popen.stdout, START_S)
+        except OSError:
+            ready = b""
+        if ready != READY:
+            log.error("read process %d did not start (exit %s)", p.index, popen.poll())
+            _stop(popen)
+            return
+        p.popen, p.client = popen, fl.FlightClient(f"grpc+unix://{p.socket}")
+        log.info("read process %d started (pid %d)", p.index, popen.pid)
+
+    def _pick(self) -> _Process:
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the gateway is shutting down")
+            p = min(self._processes, key=lambda q: q.streams)
+            p.streams += 1
+        with p.lock:  # one restart at a time; the others wait for it
+            if not p.alive:
+                if p.popen is not None:
+                    log.warning("read process %d exited (%s): starting it again", p.index,
+                                p.popen.poll())  # fmt: skip
+                    _stop(p.popen)
+                    p.popen = None
+                self._start(p)
+        if not p.alive:
+            self._done(p)
+            raise Unavailable("a read process could not be started: try again")
+        return p
+
+    def _done(self, p: _Process) -> None:
+        with self._lock:
+            p.streams -= 1
+
+    # ------------------------------------------------------------------ reads
+
+    def open(self, ticket: bytes, principal: str) -> pa.RecordBatchReader:
+        """The stream of ``ticket`` (verified here already), read in a read process."""
+        p = self._pick()
+        try:
+            assert p.client is not None
+            reader = p.client.do_get(fl.Ticket(forwarded(ticket, principal))).to_reader()
+            schema = reader.schema  # the first message: an error before any row raises here
+        except (fl.FlightError, pa.ArrowException, OSError) as e:
+            self._done(p)
+            raise _harness_error(e, p) from None
+        except BaseException:
+            self._done(p)
+            raise
+        return pa.RecordBatchReader.from_batches(schema, self._relay(p, reader))
+
+    def _relay(self, p: _Process, reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+        try:
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    return
+                except (fl.FlightError, pa.ArrowException, OSError) as e:
+                    raise _harness_error(e, p) from None
+                yield batch
+        finally:
+            reader.close()
+            self._done(p)
+
+    def pids(self) -> list[int]:
+        return [p.popen.pid for p in self._processes if p.popen is not None and p.alive]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        for p in self._processes:
+            if p.client is not None:
+                p.client.close()
+            if p.popen is not None:
+                _stop(p.popen)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _harness_error(e: BaseException, p: _Process) -> BaseException:
+    """A read process's error as the harness error it stands for; a lost process (its socket
+    closed, a stream cut) is UNAVAILABLE: the read can be sent again."""
+    if isinstance(e, HarnessError):
+        return e
+    if not p.alive:
+        log.warning("read process %d exited during a read: %s", p.index, e)
+        return Unavailable("the read process serving this stream exited: send the read again")
+    typed = from_flight_error(e) if isinstance(e, Exception) else e
+    if isinstance(typed, HarnessError):
+        return typed
+    log.warning("read process stream failed: %s", e)
+    return Unavailable(f"a read process failed: {type(e).__name__}: {e}")
+
+
+def _read_line(stream: IO[bytes], timeout_s: float) -> bytes:
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    return out[0] if out else b""
+
+
+def _stop(popen: subprocess.Popen[bytes]) -> None:
+    for pipe in (popen.stdin, popen.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    deadline = time.monotonic() + 5
+    while popen.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if popen.poll() is None:
+        popen.kill()
+        popen.wait(5)
