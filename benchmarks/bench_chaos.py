@@ -161,7 +161,7 @@ def _maintained(
     def compact_all(client: HarnessClient) -> None:
         for source in ("files", "iceberg"):
             try:
-                compact(client, "t", source, ARROW)
+                compact(client, "t", source, ARROW, direct=True)
                 counts["compactions"] += 1
             except (LockUnavailable, Conflict):  # rewritten or deleted from meanwhile, each
                 counts["compactions put off"] += 1  # of its attempts: next time

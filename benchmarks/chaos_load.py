@@ -44,9 +44,11 @@ def make_table(
         enable_versioning(conn, pg)
         as_of = server_now(conn)
     configs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-        "files": ({"root": str(root / "files")}, {"files": []}),
+        # Files and Iceberg allow direct tasks: compaction, an operator's job beside the
+        # data, reads their files itself rather than through the gateway's read processes.
+        "files": ({"root": str(root / "files"), "direct": True}, {"files": []}),
         "iceberg": (
-            {"catalog": {"type": "sql", **props}, "identifier": "db.chaos"},
+            {"catalog": {"type": "sql", **props}, "identifier": "db.chaos", "direct": True},
             {"snapshot_id": None},
         ),
         "postgres": ({"dsn": pg_dsn, "table": pg}, {"as_of": as_of}),

@@ -13,11 +13,16 @@ from clients import HarnessClient
 from pipelines.compaction import filesystem, rewrite_source
 
 
-def compact(client: HarnessClient, table: str, source: str, schema: pa.Schema) -> int:
-    """Rewrite ``source`` of ``table`` as one file; the rows it held at the version read."""
+def compact(
+    client: HarnessClient, table: str, source: str, schema: pa.Schema, direct: bool = False
+) -> int:
+    """Rewrite ``source`` of ``table`` as one file; the rows it held at the version read
+    (``direct``: the files of a source that allows it are read here, not through the gateway)."""
 
     def write(pinned: int, location: str) -> tuple[list[str], int]:
-        data = client.read(table, version=pinned, sources=[source], columns=schema.names)
+        data = client.read(
+            table, version=pinned, sources=[source], columns=schema.names, direct=direct
+        )
         path = f"{location}/compacted/{uuid.uuid4().hex}.parquet"
         fs, local = filesystem(path)
         fs.create_dir(local.rpartition("/")[0], recursive=True)

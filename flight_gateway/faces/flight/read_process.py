@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import sys
 import threading
 from typing import Any
@@ -57,10 +58,12 @@ class ReadProcessServer(fl.FlightServerBase):
         return fl.RecordBatchStream(stream_errors(reads.open(payload)))
 
 
-def _exit_with_the_gateway() -> None:
-    """Block until the gateway closes our standard input (it stopped, or died), then exit."""
+def _exit_with_the_gateway(socket: str) -> None:
+    """Block until the gateway closes our standard input (it stopped, or died), then exit;
+    a gateway that was killed left its sockets' directory behind: removed here."""
     while sys.stdin.buffer.read(1 << 16):
         pass
+    shutil.rmtree(os.path.dirname(socket), ignore_errors=True)
     os._exit(0)
 
 
@@ -76,7 +79,9 @@ def main(argv: list[str]) -> int:
     os.nice(config.read_processes_nice)
     core = Core.build(Catalog(catalog_url), config)
     server = ReadProcessServer(f"grpc+unix://{argv[0]}", core)
-    threading.Thread(target=_exit_with_the_gateway, name="parent-watch", daemon=True).start()
+    threading.Thread(
+        target=_exit_with_the_gateway, args=(argv[0],), name="parent-watch", daemon=True
+    ).start()
     sys.stdout.buffer.write(READY)
     sys.stdout.buffer.flush()
     server.serve()
