@@ -156,3 +156,20 @@ def test_the_setting_is_checked() -> None:
 
     with pytest.raises(ValueError, match="in-memory"):
         ReadProcesses("sqlite://", GatewayConfig(), 1)
+
+
+def test_an_abandoned_stream_gives_its_place_back(pair, tmp_path: Path) -> None:
+    own, split, server = pair
+    _files_table(own, tmp_path / "files", 8_000_000)
+    raw = fl.FlightClient(f"grpc://127.0.0.1:{server.port}")
+    [endpoint] = raw.get_flight_info(fl.FlightDescriptor.for_path("f")).endpoints
+    stream = raw.do_get(endpoint.ticket)
+    assert stream.read_chunk().data.num_rows > 0
+    assert sum(p.streams for p in server.readers._processes) == 1
+    stream.cancel()  # the caller goes away mid-stream
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum(p.streams for p in server.readers._processes):
+        time.sleep(0.05)
+    assert sum(p.streams for p in server.readers._processes) == 0
+    raw.close()
+    assert split.read("f").num_rows == 8_000_000  # the read processes serve on

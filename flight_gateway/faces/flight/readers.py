@@ -132,7 +132,8 @@ class ReadProcesses:
         p = self._pick()
         try:
             assert p.client is not None
-            reader = p.client.do_get(fl.Ticket(forwarded(ticket, principal))).to_reader()
+            stream = p.client.do_get(fl.Ticket(forwarded(ticket, principal)))
+            reader = stream.to_reader()
             schema = reader.schema  # the first message: an error before any row raises here
         except (fl.FlightError, pa.ArrowException, OSError) as e:
             self._done(p)
@@ -140,19 +141,27 @@ class ReadProcesses:
         except BaseException:
             self._done(p)
             raise
-        return pa.RecordBatchReader.from_batches(schema, self._relay(p, reader))
+        return pa.RecordBatchReader.from_batches(schema, self._relay(p, stream, reader))
 
-    def _relay(self, p: _Process, reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+    def _relay(
+        self, p: _Process, stream: fl.FlightStreamReader, reader: pa.RecordBatchReader
+    ) -> Iterator[pa.RecordBatch]:
+        ended = False
         try:
             while True:
                 try:
                     batch = reader.read_next_batch()
                 except StopIteration:
+                    ended = True
                     return
                 except (fl.FlightError, pa.ArrowException, OSError) as e:
+                    ended = True
                     raise _harness_error(e, p) from None
                 yield batch
         finally:
+            if not ended:  # the caller went away: the read process stops reading too
+                with contextlib.suppress(Exception):
+                    stream.cancel()
             reader.close()
             self._done(p)
 
