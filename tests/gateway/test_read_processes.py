@@ -173,3 +173,18 @@ def test_an_abandoned_stream_gives_its_place_back(pair, tmp_path: Path) -> None:
     assert sum(p.streams for p in server.readers._processes) == 0
     raw.close()
     assert split.read("f").num_rows == 8_000_000  # the read processes serve on
+
+
+def test_rows_read_elsewhere_are_counted_in_the_gateways_metrics(pair, tmp_path: Path) -> None:
+    from flight_gateway.core.metrics import REGISTRY
+
+    own, split, _ = pair
+    _files_table(own, tmp_path / "files", 1000)
+    labels = {"table": "f", "kind": "files"}
+
+    def served() -> float:
+        return REGISTRY.get_sample_value("harness_rows_served_total", labels) or 0.0
+
+    before = served()
+    assert split.read("f").num_rows == 1000
+    assert served() - before == 1000

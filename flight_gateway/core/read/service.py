@@ -150,6 +150,14 @@ class ReadService:
             raise Unauthorized("this ticket was issued to another principal")
         return payload
 
+    def label(self, payload: TicketPayload) -> str:
+        """The metrics label of a ticket's stream: its source's kind (``dedupe`` for the
+        primary-key view), for a stream read elsewhere (a read process) and counted here."""
+        if payload.dedupe_sources is not None:
+            return "dedupe"
+        snap = self.snapshot(payload.table, payload.version, table_id=payload.table_id)
+        return snap.source(str(payload.source)).kind
+
     def open(self, payload: TicketPayload) -> pa.RecordBatchReader:
         """The stream of one verified ticket."""
         snap = self.snapshot(payload.table, payload.version, table_id=payload.table_id)

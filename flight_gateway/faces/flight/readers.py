@@ -115,6 +115,9 @@ class ReadProcesses:
                                 p.popen.poll())  # fmt: skip
                     _stop(p.popen)
                     p.popen = None
+                if p.client is not None:
+                    p.client.close()
+                    p.client = None
                 self._start(p)
         if not p.alive:
             self._done(p)

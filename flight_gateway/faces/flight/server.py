@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from flight_gateway.core import metrics
 from flight_gateway.core.actions import HANDLERS
 from flight_gateway.core.auth import Principal
 from flight_gateway.core.config import GatewayConfig
@@ -164,8 +165,10 @@ class FlightFace(fl.FlightServerBase):
         principal.require("read", payload.table)
         streams.acquire(principal.name)
         try:
-            if self.readers is not None:
-                reader = self.readers.open(ticket.ticket, principal.name)
+            if self.readers is not None:  # counted here: the gateway's metrics see every row
+                label = reads.label(payload)
+                relayed = self.readers.open(ticket.ticket, principal.name)
+                reader = metrics.counted(relayed, payload.table, label)
             else:
                 reader = reads.open(payload)
         except BaseException:
