@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from benchmarks import tpcds_tables as tpcds
 from benchmarks import tpch_tables as tpch
+from benchmarks.processes import child_pids
 from benchmarks.services import postgres_database
 from clients import HarnessClient
 from flight_gateway.app import GatewayConfig, HarnessFlightServer
@@ -39,13 +40,7 @@ MEMORY_LIMIT_MB = 1024
 def _rss_mb() -> float:
     """This process's resident memory and its children's (the statement workers run the SQL)."""
     total = 0
-    pids = ["self"]
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            pids += (task / "children").read_text().split()
-        except OSError:
-            continue
-    for pid in pids:
+    for pid in ["self", *child_pids()]:
         try:
             with open(f"/proc/{pid}/statm") as f:
                 total += int(f.read().split()[1]) * 4096

@@ -88,7 +88,7 @@ class GatewayProcess:
         lease watcher): memory a gateway moves into a child still counts."""
         assert self.proc is not None
         out: dict[str, float] = {}
-        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+        for pid in [self.proc.pid, *child_pids(self.proc.pid)]:
             try:
                 lines = Path(f"/proc/{pid}/status").read_text().splitlines()
             except OSError:  # ended meanwhile
@@ -136,19 +136,12 @@ class GatewayProcess:
                 self.kill()
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process under ``pid`` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def child_pids(pid: int | str = "self") -> list[str]:
+    """The processes ``pid`` started (Linux ``/proc/<pid>/task/*/children``)."""
+    out: list[str] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            text = stat.read_text()
-        except OSError:
+            out += (task / "children").read_text().split()
+        except OSError:  # the thread ended meanwhile
             continue
-        fields = text.rsplit(")", 1)[1].split()
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
     return out

@@ -15,12 +15,19 @@ from flight_gateway.faces.flightsql import worker as protocol
 ENDLESS = "SELECT sum(hash(range)) FROM range(1000000000000)"  # hours, unless interrupted
 
 
-def test_an_interrupt_asked_before_the_query_starts_still_stops_it() -> None:
+def _watched() -> tuple[duckdb.DuckDBPyConnection, int, threading.Event, threading.Thread]:
+    """A connection under the worker's watcher: (it, the interrupt pipe's write end, the
+    statement's finished event, the watcher)."""
     con = duckdb.connect()
     read_fd, write_fd = os.pipe()
     finished = threading.Event()
     watcher = threading.Thread(target=protocol._watch, args=(read_fd, con, finished), daemon=True)
     watcher.start()
+    return con, write_fd, finished, watcher
+
+
+def test_an_interrupt_asked_before_the_query_starts_still_stops_it() -> None:
+    con, write_fd, finished, watcher = _watched()
     os.write(write_fd, b"x")  # the caller cancels ...
     os.close(write_fd)
     time.sleep(0.2)  # ... while the statement is still being set up
@@ -47,11 +54,7 @@ def test_an_interrupt_asked_before_the_query_starts_still_stops_it() -> None:
 
 
 def test_the_watcher_stops_once_the_statement_has_finished() -> None:
-    con = duckdb.connect()
-    read_fd, write_fd = os.pipe()
-    finished = threading.Event()
-    watcher = threading.Thread(target=protocol._watch, args=(read_fd, con, finished), daemon=True)
-    watcher.start()
+    con, write_fd, finished, watcher = _watched()
     assert con.execute("SELECT 42").fetchall() == [(42,)]
     finished.set()
     os.close(write_fd)  # the gateway closes the pipe after the answer

@@ -6,10 +6,12 @@ readers' Python (Kafka messages decoded one by one, dataset scans set up): a 3 m
 table's state took 0.4 s, and commit p99 was 20 s. With the reads in another process the same
 writers committed 4x as often at p99 1.8 s. So a DoGet's stream is opened in a read process
 (``read_process``) and passed through: the gateway verifies the ticket, checks the caller's
-grant and takes its stream slot as always, then relays the process's stream in Arrow's C++
-(a few microseconds of Python per batch). Errors keep their status codes; a process that dies
-fails its streams with UNAVAILABLE (a client's failover sends the read again) and is started
-again for the next read.
+grant and takes its stream slot as always, then relays the process's stream: batches are
+decoded by pyarrow's Flight client in C++ and handed on by a generator (a few microseconds of
+Python per batch), which is there to translate errors and to give the stream slot back when
+the stream ends. Errors keep their status codes; a process that dies fails its streams with
+UNAVAILABLE (the caller may send the read again; it is the gateway's own UNAVAILABLE, so a
+client does not move to another replica for it) and is started again for the next read.
 """
 
 from __future__ import annotations
