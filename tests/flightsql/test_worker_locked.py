@@ -56,7 +56,7 @@ def _count(path: str, **more: Any) -> dict[str, Any]:
 def _statement(
     worker: w.Worker, request: dict[str, Any], interrupt_after_s: float | None = None
 ) -> tuple[dict[str, Any], Any]:
-    """Run ``request`` as ``serve`` does for a quick statement: the answer, then ``keep``."""
+    """Run ``request`` as ``serve`` does: the answer, then ``keep``."""
     result_r, result_w = os.pipe()
     interrupt_r, interrupt_w = os.pipe()
     used: list[Any] = []
@@ -69,8 +69,7 @@ def _statement(
                 rows = pa.ipc.open_stream(f).read_all()
             except pa.ArrowInvalid:
                 rows = None
-        if w._quick(request, 0.0):  # as ``serve`` keeps only a quick statement's database
-            worker.keep(request, answer, used)
+        worker.keep(request, answer, used)
     finally:
         w._close_all(used)
         os.close(interrupt_w)
@@ -146,6 +145,17 @@ def test_what_is_not_kept(worker, files) -> None:
     assert len(worker.locked) == w.LOCKED_KEYS
 
 
+def test_a_database_is_not_kept_while_the_worker_has_grown(worker, files, monkeypatch) -> None:
+    """DuckDB holds what a large statement freed until its database closes: a worker grown
+    past ``KEEP_GROWN_BYTES`` closes it (the gateway would replace a worker grown further)."""
+    monkeypatch.setattr(w, "KEEP_GROWN_BYTES", -(1 << 40))
+    assert _n(_statement(worker, _count(files[0]))[1]) == [10]
+    assert worker.locked == {}
+    monkeypatch.setattr(w, "KEEP_GROWN_BYTES", 1 << 40)
+    _statement(worker, _count(files[0]))
+    assert list(worker.locked) == ["ann"]
+
+
 def test_a_locked_database_holds_up_to_so_many_files(worker, files, monkeypatch) -> None:
     monkeypatch.setattr(w, "LOCKED_MAX_FILES", 2)
     for path in files:
@@ -160,3 +170,46 @@ def test_only_a_callers_statements_over_files_alone_have_a_scope() -> None:
     assert w.locked_scope(_count("/d/a.parquet", scope="")) is None
     typing = {"op": "schema", "sql": "SELECT 1", "steps": [], "files": [], "dsns": []}
     assert w.locked_scope(typing) is None
+
+
+def _served(peer: socket.socket, request: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``request`` sent to a worker that ``serve``s on the other end of ``peer``."""
+    result_r, result_w = os.pipe()
+    interrupt_r, interrupt_w = os.pipe()
+    try:
+        w.send(peer, request, [result_w, interrupt_r])
+        os.close(result_w)
+        os.close(interrupt_r)
+        with os.fdopen(result_r, "rb") as f:
+            rows = pa.ipc.open_stream(f).read_all()
+        answer, fds = w.receive(peer)
+        assert answer is not None and not fds
+        return answer, rows
+    finally:
+        os.close(interrupt_w)
+
+
+def test_a_long_statements_database_is_kept_too_and_not_settled(tmp_path, files) -> None:
+    """A statement over files that took a while keeps its database for its caller's next ones
+    (the first query in a fresh database costs ~25 ms more), so the worker has nothing to close
+    and says so: no "settling". One whose database is not kept (no caller scope) settles as
+    before: its database is closed before the worker is lent again."""
+    a, b = socket.socketpair()
+    made = w.Worker(a, {**LIMITS, "spill_root": str(tmp_path), "spill_limit_mb": 64})
+    server = threading.Thread(target=made.serve, daemon=True)
+    server.start()
+    try:
+        slow = (f"SELECT n FROM (SELECT count(*) AS n FROM read_parquet('{files[2]}')), "
+                "(SELECT sum(hash(range)) AS s FROM range(100000000)) WHERE s IS NOT NULL")  # fmt: skip
+        answer, rows = _served(b, {**_count(files[2]), "sql": slow})
+        assert "error" not in answer and _n(rows) == [30]
+        assert "settling" not in answer and "ann" in made.locked
+        answer, rows = _served(b, {**_count(files[2]), "sql": slow, "scope": ""})
+        assert answer.get("settling") is True and _n(rows) == [30]
+        settled, _ = w.receive(b)
+        assert settled is not None and settled.get("settled") is True
+    finally:
+        w.send(b, {"op": "exit"})
+        server.join(10)
+        a.close()
+        b.close()
