@@ -127,7 +127,14 @@ class Loader:
     def files(self, table: str, data: pa.Table) -> dict[str, Any]:
         root = self.root / "files" / table
         root.mkdir(parents=True, exist_ok=True)
-        pq.write_table(data, root / "part-0.parquet", row_group_size=ROW_GROUP_ROWS)
+        # Decimals as integers, as the baseline's DuckDB, Spark, pyiceberg and delta-rs write
+        # them (pyarrow's default, fixed-length bytes, decodes ~1.4x slower in DuckDB).
+        pq.write_table(
+            data,
+            root / "part-0.parquet",
+            row_group_size=ROW_GROUP_ROWS,
+            store_decimal_as_integer=True,
+        )
         return {"config": {"root": str(root)}, "state": {"files": ["part-0.parquet"]}}
 
     def iceberg(self, table: str, data: pa.Table) -> dict[str, Any]:

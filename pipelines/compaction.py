@@ -100,7 +100,9 @@ def compact(
         for start in range(0, max(data.num_rows, 1), rows_per_file):
             name = f"compacted-{uuid.uuid4().hex}.parquet"
             with fs.open_output_stream(f"{root}/{name}") as out:
-                pq.write_table(data.slice(start, rows_per_file), out)
+                pq.write_table(
+                    data.slice(start, rows_per_file), out, store_decimal_as_integer=True
+                )  # decimals as Spark, DuckDB and the files kind write them (planners.files)
             written.append(f"{location.rstrip('/')}/{name}")
         return written, data.num_rows
 

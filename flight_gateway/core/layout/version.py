@@ -241,7 +241,12 @@ class Layouts:
                 for batch in reader:
                     if writer is None:
                         tmp = self.store.temporary(table_id, where, ".parquet")
-                        writer, rows = pq.ParquetWriter(tmp, schema, compression="zstd"), 0
+                        writer, rows = (
+                            pq.ParquetWriter(
+                                tmp, schema, compression="zstd", store_decimal_as_integer=True
+                            ),
+                            0,
+                        )
                     writer.write_batch(_fit(batch, schema), row_group_size=ROW_GROUP_ROWS)
                     rows += batch.num_rows
                     if tmp is not None and tmp.stat().st_size >= FILE_BYTES:
