@@ -59,9 +59,10 @@ LOCKED_MAX_FILES = 10_000
 #: files) is at most this.
 LOCKED_MAX_BYTES = 16 << 20
 #: ... and while the worker's resident memory is at most this much over its size when it
-#: started: after a large statement DuckDB holds the memory it freed until the database closes
-#: (~190 MB after TPC-H SF 1 queries), and the gateway replaces a worker grown past
-#: ``workers.RECYCLE_MB`` (256).
+#: started: after a large statement DuckDB's allocator holds what it freed until a database
+#: closes (~190 MB after TPC-H SF 1 queries; the process's, reused by any database: a kept one
+#: takes nothing from the next statement's bound), and the gateway replaces a worker grown
+#: past ``workers.RECYCLE_MB`` (256).
 KEEP_GROWN_BYTES = 192 << 20
 #: Databases a worker may keep between statements: its spares, its locked ones and the typing
 #: database.
