@@ -124,12 +124,6 @@ def _uris(root: str | None, paths: list[str], reals: list[str] | None) -> list[s
     return [f"{scheme}://{p}" if scheme else p for p in paths]
 
 
-#: Decimals of up to 18 digits stored as INT32/INT64, as Spark, DuckDB, pyiceberg and delta-rs
-#: write them, not as pyarrow's fixed-length bytes: DuckDB scans them ~1.4x faster (TPC-H
-#: lineitem, Q6) and every Parquet reader reads both.
-DECIMALS_AS_INTEGERS = True
-
-
 def _write_once(fs: pafs.FileSystem, path: str, rows: pa.Table) -> None:
     """Write ``path`` unless it exists, never overwriting: the data goes to a temporary name
     first and is moved into place whole, so an existing file is always a complete earlier try
@@ -141,7 +135,10 @@ def _write_once(fs: pafs.FileSystem, path: str, rows: pa.Table) -> None:
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     with fs.open_output_stream(tmp) as out:
-        pq.write_table(rows, out, store_decimal_as_integer=DECIMALS_AS_INTEGERS)
+        # Decimals of up to 18 digits as INT32/INT64, as Spark, DuckDB, pyiceberg and delta-rs
+        # write them, not pyarrow's fixed-length bytes: DuckDB scans them ~1.4x faster (TPC-H
+        # lineitem, Q6), and every Parquet reader reads both.
+        pq.write_table(rows, out, store_decimal_as_integer=True)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         fs.move(tmp, path)
     else:
