@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
@@ -173,3 +174,71 @@ def test_a_statement_started_early_whose_table_was_dropped_is_refused(
         _rows(raw, info)
     _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)
     client.close()
+
+
+def _count_typings(server: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each typing request of ``server``'s statements from now on (``slots``: whether it took
+    the caller's slots)."""
+    typed: list[bool] = []
+    real = server.sql._typed
+
+    def counted(handle: Any, who: Any, slots: bool = True) -> Any:
+        typed.append(slots)
+        return real(handle, who, slots)
+
+    monkeypatch.setattr(server.sql, "_typed", counted)
+    return typed
+
+
+def test_a_new_statement_is_typed_by_its_own_result(
+    gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new statement's FlightInfo carries the schema its result sent (the statement started
+    for its DoGet), with no typing of its own (which bound it a second time); its DoGet
+    streams that result, and the next FlightInfo of the same SQL finds the type cached."""
+    raw = _raw(gateway)
+    _rows(raw, _info(raw, COUNT))  # a worker started (the first statement's is typed)
+    _wait(lambda: _idle_workers(gateway), 10)
+    typed = _count_typings(gateway, monkeypatch)
+    sql = "SELECT i % 7 AS k, count(*) AS n, min(s) AS first FROM numbers GROUP BY k ORDER BY k"
+    info = _info(raw, sql)
+    assert typed == []
+    assert gateway.sql.early.waiting() == 1
+    table = raw.do_get(info.endpoints[0].ticket).read_all()
+    assert table.schema == info.schema
+    assert [r["n"] for r in table.to_pylist()] == [143] * 6 + [142]
+    again = _info(raw, sql)
+    assert again.schema == info.schema and typed == []
+    assert _rows(raw, again) == table.to_pylist()
+    _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)
+
+
+def test_a_long_new_statement_is_typed_beside_it_on_its_slot(
+    gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new statement whose schema does not come within the wait is typed as before, while
+    it runs, on the slot it holds (the gateway has one: taking another would stop it)."""
+    raw = _raw(gateway)
+    _rows(raw, _info(raw, COUNT))
+    _wait(lambda: _idle_workers(gateway), 10)
+    typed = _count_typings(gateway, monkeypatch)
+    info = _info(raw, LONG)
+    assert typed == [False]  # typed once, on the running statement's slot
+    assert gateway.sql.early.waiting() == 1 and _running(gateway) == 1
+    assert info.schema.names == ["c", "k"]
+    assert _cancel_flight_info(raw, info) == b"\x08\x01"
+    _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)
+
+
+def test_a_new_statement_failing_as_it_runs_fails_at_its_do_get(gateway: Any) -> None:
+    """A statement that fails on its rows (typing over no rows does not) sends no schema: its
+    FlightInfo is typed as before, and its DoGet runs it again and reports the error."""
+    raw = _raw(gateway)
+    _rows(raw, _info(raw, COUNT))
+    _wait(lambda: _idle_workers(gateway), 10)
+    info = _info(raw, "SELECT CAST(s AS INTEGER) AS bad FROM numbers")
+    assert info.schema.names == ["bad"]
+    with pytest.raises((pa.ArrowInvalid, fl.FlightServerError), match=r"(?i)convert|cast"):
+        _rows(raw, info)
+    _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)
+    assert gateway.sql.early.waiting() == 0

@@ -80,6 +80,25 @@ class EarlyStarts:
         if old is not None:
             self._abandon(old)
 
+    def answering(self, started: Started) -> None:
+        """``started``'s FlightInfo is being made (it waits for its schema): no expiry until
+        ``answered``, which its caller must call, or else ``abandon`` it."""
+        with self._lock:
+            if self._by_key.get(started.key) is started and started.expiry is not None:
+                _EXPIRY.cancel(started.expiry)
+                started.expiry = None
+
+    def answered(self, started: Started) -> None:
+        """``started``'s FlightInfo is on its way to its caller, who can send its DoGet only
+        now: its ``wait_s`` counts from here (a new statement's FlightInfo may have waited for
+        its schema, ``service.EARLY_SCHEMA_WAIT_S``)."""
+        with self._lock:
+            if self._by_key.get(started.key) is not started:
+                return  # taken, or stopped already
+            if started.expiry is not None:
+                _EXPIRY.cancel(started.expiry)
+            started.expiry = _EXPIRY.after(self.wait_s, lambda: self._expire(started))
+
     def holds(self, key: Hashable, who: str) -> bool:
         with self._lock:
             started = self._by_key.get(key)

@@ -522,6 +522,7 @@ def _stream(con: Any, sql: str, batch_rows: int, fd: int) -> int:
         reader = con.execute(sql).to_arrow_reader(batch_rows)
         rows = 0
         writer = pa.ipc.new_stream(sink, reader.schema)
+        sink.flush()  # the schema now: a new statement's GetFlightInfo waits for it (service)
         for batch in reader:
             writer.write_batch(batch)
             rows += batch.num_rows

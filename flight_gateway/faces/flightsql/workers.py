@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -374,6 +375,10 @@ def _broken_pipe(e: BaseException) -> bool:
     return isinstance(e, BrokenPipeError) or "Broken pipe" in str(e)
 
 
+class NoResult(Exception):
+    """A statement ended, or was stopped, before its result's schema."""
+
+
 class Execution:
     """A statement lent a worker: feeds its streams, reads its result, returns the worker."""
 
@@ -401,6 +406,9 @@ class Execution:
         self._answered = False
         self.result_r: int | None = None
         self.source: Any = None
+        #: The result's reader once opened (``result_schema`` or ``stream``), under its lock.
+        self._reader: pa.RecordBatchStreamReader | None = None
+        self._opening = threading.Lock()
         self.feeders: list[_Feeder] = []
         fds: list[int] = []
         try:
@@ -449,10 +457,11 @@ class Execution:
         its result pipe closed first (a worker writing to it stops), then its answer awaited
         and its worker given back."""
         self.cancel()
-        with self._finishing:
+        with self._opening, self._finishing:
             if self.result_r is not None and not self._done:
                 _close(self.result_r)
                 self.result_r = None
+        self._close_source()  # its reader, when its schema was read (``result_schema``)
         with contextlib.suppress(HarnessError):
             self.close()
 
@@ -521,14 +530,42 @@ class Execution:
         message = self.answer()
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(message["schema"])))
 
+    def result_schema(self, wait_s: float) -> pa.Schema | None:
+        """The schema of a running statement's result, as its worker sent it (the first
+        message of its stream, sent once DuckDB has planned the query), if it came within
+        ``wait_s``, else None. ``NoResult`` when it ended, or was stopped, without one (its
+        answer says why). The stream goes on from there (``stream``)."""
+        with self._opening:
+            if self._reader is None:
+                fd = self.result_r
+                if fd is None or self._done:
+                    raise NoResult("the statement was stopped")
+                readable, _, _ = select.select([fd], [], [], wait_s)
+                if not readable:
+                    return None
+                try:
+                    self._open()
+                except (OSError, pa.ArrowInvalid) as e:
+                    raise NoResult(str(e)) from None
+            assert self._reader is not None
+            return self._reader.schema
+
+    def _open(self) -> pa.RecordBatchStreamReader:
+        """The result's reader, opened once (under ``_opening``): it reads the schema."""
+        if self._reader is None:
+            if self.result_r is None:
+                raise OSError("the statement's result was read already")
+            source = os.fdopen(self.result_r, "rb", buffering=protocol.PIPE_BUFFER)
+            self.result_r, self.source = None, source
+            self._reader = pa.ipc.open_stream(source)
+        return self._reader
+
     def stream(self) -> pa.RecordBatchReader:
         """The result as the worker produces it. Raises before returning when the statement
         fails before its first batch; a failure later ends the stream with that error."""
-        assert self.result_r is not None
-        source = os.fdopen(self.result_r, "rb", buffering=protocol.PIPE_BUFFER)
-        self.result_r, self.source = None, source
         try:
-            reader = pa.ipc.open_stream(source)
+            with self._opening:
+                reader = self._open()
         except (OSError, pa.ArrowInvalid):
             self.answer()  # the worker reports why it wrote nothing
             raise Unavailable("the statement ended without a result") from None
