@@ -10,6 +10,9 @@ ADBC prepares each new statement first (CreatePreparedStatement, GetFlightInfo, 
 statement without parameters starts at CreatePreparedStatement, and its GetFlightInfo finds it
 started when it pins the same versions.
 
+A statement not typed before is started first and its FlightInfo carries the schema its result
+begins with (``service.EARLY_SCHEMA_WAIT_S``): typing it apart bound it a second time.
+
 Nothing in the contract changes: a ticket is still a sealed handle any replica runs from
 scratch. A statement started early that no DoGet takes within ``limits.sql_early_start_s`` is
 stopped and forgotten (its slots and worker given back); so is one whose statement is

@@ -540,8 +540,9 @@ class Execution:
                 fd = self.result_r
                 if fd is None or self._done:
                     raise NoResult("the statement was stopped")
-                readable, _, _ = select.select([fd], [], [], wait_s)
-                if not readable:
+                waiting = select.poll()  # not select(): a busy gateway's descriptors pass 1024
+                waiting.register(fd, select.POLLIN)
+                if not waiting.poll(wait_s * 1000):
                     return None
                 try:
                     self._open()
