@@ -535,8 +535,9 @@ class FlightSqlService:
         if self.early.holds(key, who.name):
             return self.schema_of(handle, who)
         typed_as = self._types_key(handle)
-        if typed_as is None or typed_as in self.types:
-            schema = self.schema_of(handle, who)
+        known = self.types.peek(typed_as) if typed_as is not None else None  # a hit or a miss
+        if typed_as is None or known is not None:
+            schema = known if known is not None else self.schema_of(handle, who)
             self._start_early(key, handle, snaps, who)
             return schema
         # A new statement: started first, its schema is the one its result carries (no
