@@ -3,6 +3,7 @@ every read: shared by the chaos tests (tests/chaos) and the chaos benchmark."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import statistics
 import threading
@@ -41,7 +42,7 @@ def make_table(
     # Read processes run at a lower priority; a starved one that held a rollback journal's
     # shared lock made every other process's Iceberg commit wait, then fail "database is
     # locked" (bench_chaos with read_processes_nice = 19, 2026-11-30).
-    with sqlite3.connect(root / "iceberg.db") as db:
+    with contextlib.closing(sqlite3.connect(root / "iceberg.db")) as db:
         db.execute("PRAGMA journal_mode=WAL")
     iceberg.create_namespace_if_not_exists("db")
     iceberg.create_table("db.chaos", schema=ARROW)
