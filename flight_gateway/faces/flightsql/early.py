@@ -78,8 +78,7 @@ class EarlyStarts:
                 old = self._pop(mine[0])
             self._by_key[started.key] = started
             self._count("started")
-            # Under the lock: whoever pops it next finds its expiry, to cancel.
-            started.expiry = _EXPIRY.after(self.wait_s, lambda: self._expire(started))
+            self._arm(started)
         if old is not None:
             self._abandon(old)
 
@@ -100,7 +99,12 @@ class EarlyStarts:
                 return  # taken, or stopped already
             if started.expiry is not None:
                 _EXPIRY.cancel(started.expiry)
-            started.expiry = _EXPIRY.after(self.wait_s, lambda: self._expire(started))
+            self._arm(started)
+
+    def _arm(self, started: Started) -> None:
+        """``started`` expires ``wait_s`` from now; under the lock, so that whoever pops it
+        next finds its expiry, to cancel."""
+        started.expiry = _EXPIRY.after(self.wait_s, lambda: self._expire(started))
 
     def holds(self, key: Hashable, who: str) -> bool:
         with self._lock:
