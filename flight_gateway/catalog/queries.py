@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, bindparam, func, select
+from sqlalchemy.exc import DBAPIError
 
 from flight_gateway.catalog.db import read_tx, schemas, sources, tables, versions
 from flight_gateway.catalog.in_force import kv_at, sources_at
@@ -164,6 +166,8 @@ def heads(engine: Engine, names: Sequence[str], as_of: float | None = None) -> d
     """``head`` of several tables in one read: two statements whatever their number (a
     statement naming many tables pins them all at one moment)."""
     wanted = list(dict.fromkeys(names))
+    if as_of is None and _MARKS.get(engine.dialect.paramstyle):
+        return _heads_now(engine, wanted)
     with read_tx(engine) as conn:
         rows = {r.name: r for r in conn.execute(_HEADS, {"names": wanted})}
         missing = [n for n in wanted if n not in rows]
@@ -186,6 +190,48 @@ def heads(engine: Engine, names: Sequence[str], as_of: float | None = None) -> d
         n: TableHead(int(r.id), int(r.current_version), int(r.min_version), at.get(int(r.id)))
         for n, r in rows.items()
     }
+
+
+#: The DBAPI placeholder of each parameter style ``_heads_now`` can write its statement in.
+_MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+
+
+def _heads_now(engine: Engine, wanted: list[str]) -> dict[str, TableHead]:
+    """``heads`` now: one statement (its own consistent read) on the pool's DBAPI connection.
+    Every Flight SQL statement asks this twice (pinning, then checking its pins when it runs);
+    through SQLAlchemy's connection, transaction and result layers it took 0.18-0.25 ms
+    against 6 us of SQLite's own (``tests/catalog`` compares both paths)."""
+    marks = ", ".join([_MARKS[engine.dialect.paramstyle]] * len(wanted))
+    sql = (
+        f"SELECT id, name, current_version, min_version FROM {tables.name} WHERE name IN ({marks})"
+    )
+    raw = engine.raw_connection()
+    cur = None
+    try:
+        cur = raw.cursor()
+        cur.execute(sql, tuple(wanted))
+        rows = {r[1]: r for r in cur.fetchall()}
+    except engine.dialect.loaded_dbapi.Error as e:
+        # As SQLAlchemy does: a broken connection is not lent again and, when the server went
+        # away, none of those pooled with it (they are dead too).
+        gone = engine.dialect.is_disconnect(e, raw.dbapi_connection, cur)
+        raw.invalidate(e)
+        if gone:
+            engine.dispose()
+        error = DBAPIError.instance(
+            sql, wanted, e, engine.dialect.loaded_dbapi.Error, dialect=engine.dialect
+        )
+        error.connection_invalidated = gone
+        raise error from e
+    finally:
+        if cur is not None:
+            with contextlib.suppress(Exception):
+                cur.close()
+        raw.close()
+    missing = [n for n in wanted if n not in rows]
+    if missing:
+        raise NotFound(f"table {missing[0]!r} does not exist")
+    return {n: TableHead(int(r[0]), int(r[2]), int(r[3]), None) for n, r in rows.items()}
 
 
 def current_version(engine: Engine, name: str) -> int:
