@@ -98,6 +98,9 @@ class Worker:
         #: Its last answer said it still closes that statement's database: a "settled" message
         #: follows, read before it is lent again (``settle``).
         self.settling = False
+        #: Its last statement's answer is still to be read, before it is lent again
+        #: (``settle``): the statement's result ended whole (``Execution.stream``).
+        self.unanswered = False
 
     @property
     def pid(self) -> int:
@@ -122,7 +125,11 @@ class Worker:
         return message
 
     def settle(self) -> None:
-        """Wait until the worker has freed its last statement's database."""
+        """Wait until the worker has answered for its last statement and freed its database."""
+        if self.unanswered:
+            self.unanswered = False
+            if "error" in self.answer():  # after a whole result: not to be trusted again
+                raise WorkerDied("a statement worker failed after its result")
         if self.settling:
             self.settling = False
             if "settled" not in self.answer():
@@ -581,11 +588,16 @@ class Execution:
                     try:
                         batch = reader.read_next_batch()
                     except StopIteration:
+                        whole = True
                         break
                     except (OSError, pa.ArrowInvalid):
+                        whole = False
                         break  # cut short: the worker's answer says why
                     yield batch
-                self.answer()
+                if whole and not self.feeders:
+                    self._give_back_unanswered()
+                else:
+                    self.answer()
             finally:
                 if not self._answered:  # the caller went away: stop the statement
                     self.interrupt(timed_out=False)
@@ -593,6 +605,15 @@ class Execution:
                     self.close()
 
         return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    def _give_back_unanswered(self) -> None:
+        """The result ended whole (the worker writes the end-of-stream marker only then) and no
+        source fed the statement (whose failure the answer would report): the answer can only
+        say it succeeded, and is read when the worker is lent next (``Worker.settle``), off
+        this statement's path (~0.2-0.5 ms of a tiny statement's)."""
+        self._answered = True
+        self.worker.unanswered = True
+        self._finish(healthy=True)
 
     def close(self) -> None:
         if self._answered:
