@@ -6,6 +6,7 @@ on SQLite and on Postgres."""
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +19,17 @@ from sqlalchemy.exc import OperationalError
 from flight_gateway.catalog import Catalog
 from flight_gateway.protocol.errors import NotFound
 
+#: A moment between the commits ``_filled`` makes: after a1, b1 and c1, before b2.
+MOMENTS: dict[int, float] = {}
+
 
 def _filled(cat: Catalog) -> Catalog:
     for name in ("a", "b", "c"):
         cat.create_table(name, [{"name": "id", "type": "int64"}])
         cat.commit(name, f"{name}1", add_sources=[{"name": "s", "kind": "files", "state": {}}])
+    time.sleep(0.01)
+    MOMENTS[id(cat)] = time.time()
+    time.sleep(0.01)
     cat.commit("b", "b2", updates=[{"source": "s", "state": {"n": 1}}])
     cat.drop_table("c")
     cat.create_table("c", [{"name": "id", "type": "int64"}])  # another incarnation
@@ -53,6 +60,17 @@ def test_heads_now_answers_as_the_sqlalchemy_path(catalog: Catalog) -> None:
     assert fast["b"].current_version == 2 and fast["a"].current_version == 1
     assert fast["c"].table_id not in (fast["a"].table_id, fast["b"].table_id)
     assert all(h.version_at is None for h in fast.values())
+
+
+def test_heads_at_a_moment_answers_as_the_sqlalchemy_path(catalog: Catalog) -> None:
+    moment = MOMENTS[id(catalog)]
+    at = catalog.heads(["a", "b"], moment)
+    for name in ("a", "b"):
+        assert at[name] == catalog.head(name, moment), name  # SQLAlchemy's path
+    assert at["b"].version_at == 1 and at["b"].current_version == 2
+    assert catalog.heads(["b"], time.time() + 1)["b"].version_at == 2
+    with pytest.raises(NotFound, match="'b' has no version committed at or before"):
+        catalog.heads(["b", "a"], moment - 3600)
 
 
 def test_heads_now_names_the_unknown_table(catalog: Catalog) -> None:
@@ -98,3 +116,13 @@ def test_heads_after_the_catalog_server_dropped_its_connections(pg_dsn: str) -> 
                     failed += 1
             assert failed <= 1
             assert cat.heads(["a"])["a"].current_version == 1
+
+
+def test_the_catalog_clock_is_its_commit_times_clock(catalog: Catalog) -> None:
+    """``now`` (one statement on Postgres, none on SQLite) is the clock commits are stamped
+    with: a commit made after it is later, one made before is earlier."""
+    before = catalog.history("b")[0].committed_at
+    now = catalog.now()
+    catalog.commit("a", "a2", updates=[{"source": "s", "state": {"n": 2}}])
+    after = catalog.history("a")[0].committed_at
+    assert before <= now <= after
