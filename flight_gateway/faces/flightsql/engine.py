@@ -79,6 +79,55 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+class Footers:
+    """Top-level columns of Parquet files by path, while a file's size and modification time
+    are those they were read at: a relation is planned per column set and predicate, and the
+    99 TPC-DS statements' first run planned 286 of them over a few dozen files, each reading
+    the footers of all its files again. Bounded (``KEPT`` files, least recent out)."""
+
+    KEPT = 50_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[str, tuple[tuple[int, int], list[tuple[str, int | None]]]] = (
+            OrderedDict()
+        )
+
+    def get(self, path: str, stamp: tuple[int, int] | None) -> list[tuple[str, int | None]] | None:
+        if stamp is None:
+            return None
+        with self._lock:
+            hit = self._kept.get(path)
+            if hit is None or hit[0] != stamp:
+                return None
+            self._kept.move_to_end(path)
+            return hit[1]
+
+    def add(
+        self, path: str, stamp: tuple[int, int] | None, top: list[tuple[str, int | None]]
+    ) -> None:
+        if stamp is None:
+            return
+        with self._lock:
+            self._kept[path] = (stamp, top)
+            self._kept.move_to_end(path)
+            while len(self._kept) > self.KEPT:
+                self._kept.popitem(last=False)
+
+
+FOOTERS = Footers()
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    """(size, modification time in ns) of a local file; None where it cannot be told (the
+    footer is read then, as before)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
 def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -191,20 +240,31 @@ class Builder:
     # ------------------------------------------------------------------ Parquet
 
     def _footers(self, files: Sequence[str]) -> dict[str, list[tuple[str, int | None]]]:
-        """Top-level (name, field id) of each file, from the Parquet footers."""
+        """Top-level (name, field id) of each file, from the Parquet footers: each file's
+        read once while it is unchanged (``FOOTERS``)."""
+        out: dict[str, list[tuple[str, int | None]]] = {}
+        stamps: dict[str, tuple[int, int] | None] = {}
+        for f in files:
+            stamps[f] = stamp = _stamp(f)
+            hit = FOOTERS.get(f, stamp)
+            if hit is not None:
+                out[f] = hit
+        missing = [f for f in files if f not in out]
+        if not missing:
+            return out
         rows = self.meta.execute(
-            "SELECT file_name, name, field_id, num_children FROM parquet_schema(?)", [list(files)]
+            "SELECT file_name, name, field_id, num_children FROM parquet_schema(?)", [missing]
         ).fetchall()
         by_file: dict[str, list[tuple[str, int | None, int]]] = {}
         for file, name, fid, children in rows:
             by_file.setdefault(file, []).append((name, fid, children or 0))
-        out: dict[str, list[tuple[str, int | None]]] = {}
         for file, elems in by_file.items():
             top, i = [], 1
             for _ in range(elems[0][2]):  # the root's children, skipping nested elements
                 top.append((elems[i][0], elems[i][1]))
                 i = _skip(elems, i)
             out[file] = top
+            FOOTERS.add(file, stamps.get(file), top)
         return out
 
     def _parquet(self, part: Part, scan: ParquetScan, names: Names, types: list[str]) -> list[str]:
