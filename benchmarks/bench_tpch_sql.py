@@ -33,6 +33,7 @@ from benchmarks.services import postgres_database
 from clients import HarnessClient
 from flight_gateway.app import GatewayConfig, HarnessFlightServer
 from flight_gateway.catalog import Catalog
+from flight_gateway.faces.flightsql.engine import FOOTERS
 
 MEMORY_LIMIT_MB = 1024
 
@@ -323,6 +324,7 @@ def _latency(server: HarnessFlightServer, client: HarnessClient, root: Path, n: 
         ("prepared", server.sql.prepared),
         ("rewritten", server.sql.rewritten),
         ("results", server.sql.results),
+        ("footers", FOOTERS),
     ):
         st = cache.stats()
         total = st["hits"] + st["misses"]

@@ -138,7 +138,7 @@ class Catalog:
         A Flight SQL statement over several tables asks it to pin them all at one moment."""
         if db.is_sqlite(self.engine):
             return time.time()
-        rows = queries.fetch_raw(
+        rows = db.one_statement(
             self._fast or self.engine, "SELECT EXTRACT(EPOCH FROM clock_timestamp())", ()
         )
         return float(rows[0][0])

@@ -8,6 +8,7 @@ several gateway replicas). Every write transaction serialises on the table's row
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -330,6 +331,33 @@ def call_once_retried(engine: Engine, sql: str, params: tuple[Any, ...]) -> Any:
             if attempt == 2 or not e.connection_invalidated:
                 raise
     raise AssertionError("unreachable")
+
+
+def one_statement(engine: Engine, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """The rows of one statement on a DBAPI connection of ``engine``'s pool."""
+    raw = engine.raw_connection()
+    cur = None
+    try:
+        cur = raw.cursor()
+        cur.execute(sql, params)
+        return list(cur.fetchall())
+    except engine.dialect.loaded_dbapi.Error as e:
+        # As SQLAlchemy does: a broken connection is not lent again and, when the server went
+        # away, none of those pooled with it (they are dead too).
+        gone = engine.dialect.is_disconnect(e, raw.dbapi_connection, cur)
+        raw.invalidate(e)
+        if gone:
+            engine.dispose()
+        error = DBAPIError.instance(
+            sql, params, e, engine.dialect.loaded_dbapi.Error, dialect=engine.dialect
+        )
+        error.connection_invalidated = gone
+        raise error from e
+    finally:
+        if cur is not None:
+            with contextlib.suppress(Exception):
+                cur.close()
+        raw.close()
 
 
 @contextmanager

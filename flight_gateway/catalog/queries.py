@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, bindparam, func, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Connection, Engine, Row, func, select
 
-from flight_gateway.catalog.db import read_tx, schemas, sources, tables, versions
+from flight_gateway.catalog.db import one_statement, read_tx, schemas, sources, tables, versions
 from flight_gateway.catalog.in_force import kv_at, sources_at
 from flight_gateway.catalog.model import (
     CommitInfo,
@@ -154,54 +152,19 @@ def head(engine: Engine, name: str, as_of: float | None = None) -> TableHead:
         return TableHead(int(t.id), int(t.current_version), int(t.min_version), at)
 
 
-#: ``heads``' first statement, built once: each Flight SQL statement asks it twice (pinning,
-#: then checking its pins when it runs), and building and compiling it cost more than sqlite
-#: running it (0.17 -> 0.08 ms).
-_HEADS = select(tables.c.id, tables.c.name, tables.c.current_version, tables.c.min_version).where(
-    tables.c.name.in_(bindparam("names", expanding=True))
-)
-
-
-def heads(engine: Engine, names: Sequence[str], as_of: float | None = None) -> dict[str, TableHead]:
-    """``head`` of several tables in one read: two statements whatever their number (a
-    statement naming many tables pins them all at one moment)."""
-    wanted = list(dict.fromkeys(names))
-    if _MARKS.get(engine.dialect.paramstyle):
-        return _heads_raw(engine, wanted, as_of)
-    with read_tx(engine) as conn:
-        rows = {r.name: r for r in conn.execute(_HEADS, {"names": wanted})}
-        missing = [n for n in wanted if n not in rows]
-        if missing:
-            raise NotFound(f"table {missing[0]!r} does not exist")
-        at: dict[int, int] = {}
-        if as_of is not None:
-            ids = [int(r.id) for r in rows.values()]
-            q = (
-                select(versions.c.table_id, func.max(versions.c.version))
-                # Commit times have microsecond precision; absorb float rounding of as_of.
-                .where(versions.c.table_id.in_(ids), versions.c.committed_at <= as_of + 5e-7)
-                .group_by(versions.c.table_id)
-            )
-            at = {int(row[0]): int(row[1]) for row in conn.execute(q) if row[1] is not None}
-            late = [n for n in wanted if int(rows[n].id) not in at]
-            if late:
-                raise NotFound(f"table {late[0]!r} has no version committed at or before {as_of}")
-    return {
-        n: TableHead(int(r.id), int(r.current_version), int(r.min_version), at.get(int(r.id)))
-        for n, r in rows.items()
-    }
-
-
-#: The DBAPI placeholder of each parameter style ``_heads_raw`` can write its statement in.
+#: The DBAPI placeholder of each parameter style (the catalog's SQLite and psycopg) ``heads``
+#: writes its statement in.
 _MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
 
-def _heads_raw(engine: Engine, wanted: list[str], as_of: float | None) -> dict[str, TableHead]:
-    """``heads`` as one statement (its own consistent read; with ``as_of`` each table's
-    version then in a subquery) on the pool's DBAPI connection. Every Flight SQL statement
+def heads(engine: Engine, names: Sequence[str], as_of: float | None = None) -> dict[str, TableHead]:
+    """``head`` of several tables (a statement naming many pins them all at one moment) in one
+    statement, its own consistent read (with ``as_of`` each table's version then in a
+    subquery), on the pool's DBAPI connection (``db.one_statement``). Every Flight SQL statement
     asks this twice (pinning, then checking its pins when it runs); through SQLAlchemy's
     connection, transaction and result layers it took 0.18-0.25 ms (2.3 ms with ``as_of``:
     two statements in a transaction) against 6 us of SQLite's own."""
+    wanted = list(dict.fromkeys(names))
     mark = _MARKS[engine.dialect.paramstyle]
     at = "NULL"
     params: list[Any] = []
@@ -216,7 +179,7 @@ def _heads_raw(engine: Engine, wanted: list[str], as_of: float | None) -> dict[s
         f"SELECT t.id, t.name, t.current_version, t.min_version, {at} FROM {tables.name} t"
         f" WHERE t.name IN ({', '.join([mark] * len(wanted))})"
     )
-    rows = {r[1]: r for r in fetch_raw(engine, sql, (*params, *wanted))}
+    rows = {r[1]: r for r in one_statement(engine, sql, (*params, *wanted))}
     missing = [n for n in wanted if n not in rows]
     if missing:
         raise NotFound(f"table {missing[0]!r} does not exist")
@@ -227,33 +190,6 @@ def _heads_raw(engine: Engine, wanted: list[str], as_of: float | None) -> dict[s
         n: TableHead(int(r[0]), int(r[2]), int(r[3]), None if r[4] is None else int(r[4]))
         for n, r in rows.items()
     }
-
-
-def fetch_raw(engine: Engine, sql: str, params: tuple[Any, ...]) -> list[Any]:
-    """The rows of one statement on a DBAPI connection of ``engine``'s pool."""
-    raw = engine.raw_connection()
-    cur = None
-    try:
-        cur = raw.cursor()
-        cur.execute(sql, params)
-        return list(cur.fetchall())
-    except engine.dialect.loaded_dbapi.Error as e:
-        # As SQLAlchemy does: a broken connection is not lent again and, when the server went
-        # away, none of those pooled with it (they are dead too).
-        gone = engine.dialect.is_disconnect(e, raw.dbapi_connection, cur)
-        raw.invalidate(e)
-        if gone:
-            engine.dispose()
-        error = DBAPIError.instance(
-            sql, params, e, engine.dialect.loaded_dbapi.Error, dialect=engine.dialect
-        )
-        error.connection_invalidated = gone
-        raise error from e
-    finally:
-        if cur is not None:
-            with contextlib.suppress(Exception):
-                cur.close()
-        raw.close()
 
 
 def current_version(engine: Engine, name: str) -> int:

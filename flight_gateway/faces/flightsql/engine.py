@@ -34,6 +34,7 @@ from urllib.parse import quote, urlsplit
 import pyarrow as pa
 
 from flight_gateway.core.limits import SqlLimits
+from flight_gateway.faces.flightsql.plans import Lru
 from flight_gateway.faces.flightsql.workers import Plan, WorkerLimits
 from flight_gateway.protocol.errors import (
     HarnessError,
@@ -79,43 +80,10 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-class Footers:
-    """Top-level columns of Parquet files by path, while a file's size and modification time
-    are those they were read at: a relation is planned per column set and predicate, and the
-    99 TPC-DS statements' first run planned 286 of them over a few dozen files, each reading
-    the footers of all its files again. Bounded (``KEPT`` files, least recent out)."""
-
-    KEPT = 50_000
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: OrderedDict[str, tuple[tuple[int, int], list[tuple[str, int | None]]]] = (
-            OrderedDict()
-        )
-
-    def get(self, path: str, stamp: tuple[int, int] | None) -> list[tuple[str, int | None]] | None:
-        if stamp is None:
-            return None
-        with self._lock:
-            hit = self._kept.get(path)
-            if hit is None or hit[0] != stamp:
-                return None
-            self._kept.move_to_end(path)
-            return hit[1]
-
-    def add(
-        self, path: str, stamp: tuple[int, int] | None, top: list[tuple[str, int | None]]
-    ) -> None:
-        if stamp is None:
-            return
-        with self._lock:
-            self._kept[path] = (stamp, top)
-            self._kept.move_to_end(path)
-            while len(self._kept) > self.KEPT:
-                self._kept.popitem(last=False)
-
-
-FOOTERS = Footers()
+#: Top-level columns of Parquet files by (path, size, modification time): a relation is planned
+#: per column set and predicate, and the 99 TPC-DS statements' first run planned 286 of them
+#: over a few dozen files, each reading the footers of all its files again.
+FOOTERS: Lru[list[tuple[str, int | None]]] = Lru("footers", 50_000, 50_000)
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -243,10 +211,9 @@ class Builder:
         """Top-level (name, field id) of each file, from the Parquet footers: each file's
         read once while it is unchanged (``FOOTERS``)."""
         out: dict[str, list[tuple[str, int | None]]] = {}
-        stamps: dict[str, tuple[int, int] | None] = {}
-        for f in files:
-            stamps[f] = stamp = _stamp(f)
-            hit = FOOTERS.get(f, stamp)
+        stamps = {f: _stamp(f) for f in files}
+        for f, stamp in stamps.items():
+            hit = FOOTERS.peek((f, stamp)) if stamp is not None else None
             if hit is not None:
                 out[f] = hit
         missing = [f for f in files if f not in out]
@@ -264,7 +231,9 @@ class Builder:
                 top.append((elems[i][0], elems[i][1]))
                 i = _skip(elems, i)
             out[file] = top
-            FOOTERS.add(file, stamps.get(file), top)
+            stamp = stamps.get(file)
+            if stamp is not None:
+                FOOTERS.add((file, stamp), top)
         return out
 
     def _parquet(self, part: Part, scan: ParquetScan, names: Names, types: list[str]) -> list[str]:
