@@ -21,9 +21,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -65,7 +65,43 @@ from planners.predicates.iceberg import to_iceberg
 log = logging.getLogger(__name__)
 _catalogs: dict[str, Any] = {}
 _plans: OrderedDict[str, tuple[Any, dict[str, str], Planned]] = OrderedDict()
+_tables: OrderedDict[str, tuple[Any, Any]] = OrderedDict()  # (table, snapshot) per snapshot
+_planned: OrderedDict[str, Planned] = OrderedDict()  # per snapshot and pushed-down filter
 _lock = threading.Lock()
+T = TypeVar("T")
+
+
+def _recall(cache: OrderedDict[str, T], key: str) -> T | None:
+    with _lock:
+        hit = cache.get(key)
+        if hit is not None:
+            cache.move_to_end(key)
+        return hit
+
+
+def _remember(cache: OrderedDict[str, T], key: str, bound: int, make: Callable[[], T]) -> T:
+    """``cache[key]``, made by ``make`` (outside the lock) when missing; ``bound`` kept."""
+    hit = _recall(cache, key)
+    if hit is not None:
+        return hit
+    value = make()
+    with _lock:
+        value = cache.setdefault(key, value)
+        cache.move_to_end(key)
+        while len(cache) > bound:
+            cache.popitem(last=False)
+    return value
+
+
+def _pinned_table(request: ScanRequest) -> tuple[Any, Any]:
+    """The request's Iceberg table (loaded now) and its pinned snapshot."""
+    src = request.source
+    snap_id = _snapshot_id(src.name, src.state)
+    table = load_table(src.config, request.guard)
+    snapshot = table.snapshot_by_id(snap_id)
+    if snapshot is None:
+        raise NotFound(f"source {src.name!r}: Iceberg snapshot {snap_id} does not exist (expired?)")
+    return table, snapshot
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -324,32 +360,21 @@ class IcebergKind(SourceKind):
     def _scan(self, request: ScanRequest) -> tuple[Any, dict[str, str], Planned]:
         """(scan, name mapping, planned FileScanTasks with their equality deletes), cached per
         pinned request: a snapshot never changes, so DoGet calls reuse the plan without
-        reloading table metadata."""
+        reloading table metadata. The loaded table is shared by every request of the
+        snapshot, the planned files by those with the same filter (planning does not depend
+        on the columns selected): statements reading other columns of a pinned snapshot
+        neither reload its metadata nor re-read its manifest list."""
         src = request.source
         snap_id = _snapshot_id(src.name, src.state)
-        key = json.dumps(
-            [
-                src.config.get("catalog"),
-                src.config.get("identifier"),
-                snap_id,
-                request.guard.key,  # the scan's file IO checks files with this guard
-                [(c.name, c.aliases) for c in request.columns],
-                repr(request.predicate),
-            ],
-            sort_keys=True,
-            default=str,
-        )
-        with _lock:
-            hit = _plans.get(key)
-            if hit is not None:
-                _plans.move_to_end(key)
-                return hit
-        table = load_table(src.config, request.guard)
-        snapshot = table.snapshot_by_id(snap_id)
-        if snapshot is None:
-            raise NotFound(
-                f"source {src.name!r}: Iceberg snapshot {snap_id} does not exist (expired?)"
-            )
+        at = [src.config.get("catalog"), src.config.get("identifier"), snap_id]
+        at.append(request.guard.key)  # the scan's file IO checks files with this guard
+        columns = [(c.name, c.aliases) for c in request.columns]
+        key = json.dumps([at, columns, repr(request.predicate)], sort_keys=True, default=str)
+        hit = _recall(_plans, key)
+        if hit is not None:
+            return hit
+        table_key = json.dumps(at, sort_keys=True, default=str)
+        table, snapshot = _remember(_tables, table_key, 16, lambda: _pinned_table(request))
         schema = table.schemas().get(snapshot.schema_id, table.schema())
         mapping = physical_names(request.columns, [f.name for f in schema.fields])
         pred = pushdown(request, mapping)
@@ -362,19 +387,17 @@ class IcebergKind(SourceKind):
         scan = table.scan(
             row_filter=to_iceberg(pred), selected_fields=selected, snapshot_id=snap_id
         )
-        planned = plan_with_deletes(scan)
+        planned = _remember(
+            _planned, json.dumps([table_key, repr(pred)]), 32, lambda: plan_with_deletes(scan)
+        )
         keys = {schema.find_field(i).name for i in planned.key_field_ids()} - set(selected)
         if keys:  # equality deletes match on key columns the read must then carry too
             selected = tuple(sorted({*selected, *keys}))
             scan = table.scan(
                 row_filter=to_iceberg(pred), selected_fields=selected, snapshot_id=snap_id
             )
-        result = (scan, mapping, planned)
-        with _lock:
-            _plans[key] = result
-            while len(_plans) > 32:  # a plan holds the table metadata and every file task
-                _plans.popitem(last=False)
-        return result
+        # A plan holds the table metadata and every file task.
+        return _remember(_plans, key, 32, lambda: (scan, mapping, planned))
 
     def _tasks(self, request: ScanRequest, files: list[tuple[str, int]]) -> list[ScanTask]:
         groups = group_by_size(files, self.parse_config(request.source).target_task_bytes)

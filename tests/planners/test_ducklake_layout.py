@@ -85,3 +85,20 @@ def test_inlined_rows_the_row_count_does_not_show_are_left_to_a_slice(
 def test_a_partitioned_table_is_left_to_a_slice(lake: DuckLakeFixture) -> None:
     snap = lake.execute("ALTER TABLE lake.r SET PARTITIONED BY (region)", MANY.format(0, 300))
     assert DuckLakeKind().layout(_request(lake, snap)) is None
+
+
+def test_a_merged_file_holding_later_snapshots_rows_is_left_to_a_slice(
+    lake: DuckLakeFixture,
+) -> None:
+    """``ducklake_merge_adjacent_files`` makes one file of several snapshots' inserts; an
+    earlier snapshot sees only part of it, which its metadata's row counts do not show."""
+    lake.execute(MANY.format(0, 300))
+    early = lake.execute(MANY.format(300, 600))
+    late = lake.execute(MANY.format(600, 900), "CALL ducklake_merge_adjacent_files('lake')")
+    assert len(_lake_rows(lake, early)) == 600
+    assert DuckLakeKind().layout(_request(lake, early)) is None
+    laid = DuckLakeKind().layout(_request(lake, late))
+    assert laid is not None and sum(f.record_count for f in laid.files) == 900
+    paths = [f.path.removeprefix("file://") for f in laid.files]
+    got = duckdb.connect().execute(f"SELECT id, region FROM read_parquet({paths!r})").fetchall()
+    assert sorted(got) == _lake_rows(lake, late)
