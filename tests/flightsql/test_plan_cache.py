@@ -81,7 +81,8 @@ def test_a_new_version_is_planned_again(gateway: tuple[Any, Any, str], pg_dsn: s
         as_of = server_now(conn)
     client.commit("t", updates=[{"source": "pg", "state": {"as_of": as_of}}])
     assert _rows(client.uri, sql) == [(502,)]
-    assert server.sql.relations.stats()["misses"] == 2  # one plan per version
+    # Per version: the table planned whole, then narrowed to the statement's columns.
+    assert server.sql.relations.stats()["misses"] == 4
 
 
 def test_a_statement_over_several_tables_pins_them_from_the_cached_descriptions(
@@ -211,3 +212,30 @@ def test_a_sources_files_in_place_are_listed_once_per_pinned_state(
         assert len(asked) == 1
         assert not list((tmp_path / "slices").rglob("*.parquet"))  # read in place
         client.close()
+
+
+def test_column_sets_of_a_version_share_one_plan(
+    gateway: tuple[Any, Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Statements reading other columns of a pinned version narrow its one plan (and its one
+    set of slices) instead of planning the table again; the rows are the native read's."""
+    from flight_gateway.faces.flightsql import relations
+
+    server, client, _ = gateway
+    planned: list[tuple[str, ...]] = []
+    real = relations.plan_table
+
+    def counted(reads: Any, snap: Any, columns: Any, *a: Any, **k: Any) -> Any:
+        planned.append(tuple(columns))
+        return real(reads, snap, columns, *a, **k)
+
+    monkeypatch.setattr(relations, "plan_table", counted)
+    native = client.read("t").to_pandas()
+    assert _rows(client.uri, "SELECT count(id) FROM t") == [(500,)]
+    assert _rows(client.uri, "SELECT region, count(*) FROM t GROUP BY region") == sorted(
+        (r, len(g)) for r, g in native.groupby("region")
+    )
+    assert _rows(client.uri, "SELECT max(id), min(region) FROM t") == [
+        (int(native["id"].max()), str(native["region"].min()))
+    ]
+    assert planned == [("id", "region")]

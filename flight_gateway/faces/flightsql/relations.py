@@ -180,6 +180,21 @@ def plan_table(
     return out
 
 
+def narrowed(rel: TableRelation, columns: Sequence[str]) -> TableRelation:
+    """``rel`` (planned over its table's columns, every source read by the engine from
+    files) read for ``columns`` only: its files and footers shared, its DuckDB types too."""
+    index = {c.name: i for i, c in enumerate(rel.columns)}
+    picked = [index[c] for c in columns]
+    types = None if rel.duck_types is None else [rel.duck_types[i] for i in picked]
+    return replace(
+        rel,
+        columns=tuple(rel.columns[i] for i in picked),
+        schema=pa.schema([rel.schema.field(i) for i in picked]),
+        duck_types=types,
+        uses=0,
+    )
+
+
 def sliced(rel: TableRelation, snap: TableSnapshot, layouts: Layouts) -> TableRelation:
     """``rel`` with each source read from a server or as a stream replaced by its pinned
     rows as Parquet slices (DESIGN §17: made once per pinned state, in the slice store the
