@@ -5,8 +5,11 @@
   DuckDB's binder), and its answer depends on the tables' columns only, not on their rows.
 - ``relations``: a table planned for the engine at a pinned version (its sources' pinned file
   lists with their column mappings, PostgreSQL queries, streams opened lazily), keyed by table
-  id, version, the columns the statement uses and the filter that pruned it. Permissions are
-  whole tables (checked before either cache is asked), so what a caller may read is the table.
+  id, version and the filter that pruned it: planned over all its columns (its hot sources
+  sliced) once, then narrowed to the columns each statement uses (those are cached too). A
+  table with a source still read from its server or as a stream is planned per column set:
+  the columns decide what that source reads. Permissions are whole tables (checked before
+  either cache is asked), so what a caller may read is the table.
 - ``parsed``: a statement's text without parameters, parsed: the SQL its handle carries and
   the tables it names (with their ``FOR VERSION``/``TIMESTAMP AS OF`` pins). Permissions and
   pins are still checked and taken for every statement.
