@@ -29,8 +29,8 @@ class _Counted:
 
 def _footers(files: list[str]) -> tuple[dict[str, Any], int]:
     builder = engine.Builder(Plan("SELECT 1"))
-    counted = _Counted(builder.meta)
-    builder.meta = counted
+    counted = _Counted(engine.metadata())
+    builder._meta = counted
     try:
         return builder._footers(files), counted.reads
     finally:

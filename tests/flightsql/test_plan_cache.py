@@ -221,7 +221,7 @@ def test_column_sets_of_a_version_share_one_plan(
     set of slices) instead of planning the table again; the rows are the native read's."""
     from flight_gateway.faces.flightsql import relations
 
-    server, client, _ = gateway
+    _, client, _ = gateway
     planned: list[tuple[str, ...]] = []
     real = relations.plan_table
 

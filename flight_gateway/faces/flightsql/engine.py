@@ -169,12 +169,24 @@ class Builder:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.meta = metadata()
+        self._meta: Any = None
         self._attached = {dsn: f"__pg_{i}" for i, dsn in enumerate(plan.dsns)}
         self._streams = 0
         #: (name, query) of each relation read from files or streams, in order: common
         #: table expressions of the statement (``with_relations``).
         self.relations: list[tuple[str, str]] = []
+
+    @property
+    def meta(self) -> Any:
+        """A cursor on the metadata database, opened when first needed: a relation planned
+        before has its types and footers already (a tiny statement needs neither)."""
+        if self._meta is None:
+            self._meta = metadata()
+        return self._meta
+
+    def close(self) -> None:
+        if self._meta is not None:
+            self._meta.close()
 
     def view(self, index: int, rel: TableRelation, materialize: bool) -> None:
         if rel.duck_types is None:  # a relation planned once serves many statements
@@ -338,7 +350,7 @@ def build(
         for i, rel in enumerate(relations):
             builder.view(i, rel, read_more_than_once[i])
     finally:
-        builder.meta.close()
+        builder.close()
     with_relations(plan, builder.relations)
     return plan
 

@@ -417,12 +417,13 @@ class FlightSqlService:
             plan = engine.build(sql, rels, stmt.again)
         except Exception as e:  # the sources failed, not the caller's SQL
             raise engine.source_failure(e) from None
-        names = [r.table for r in rels]
-        report = {
-            (r.table if names.count(r.table) == 1 else f"{r.table}@{r.version}"): r.report()
-            for r in rels
-        }
-        log.info("flight sql: %s", json.dumps(report))
+        if log.isEnabledFor(logging.INFO):  # the report costs more than a tiny statement's plan
+            names = [r.table for r in rels]
+            report = {
+                (r.table if names.count(r.table) == 1 else f"{r.table}@{r.version}"): r.report()
+                for r in rels
+            }
+            log.info("flight sql: %s", json.dumps(report))
         return plan, same_rows
 
     def _streamed(
