@@ -80,9 +80,9 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-#: Top-level columns of Parquet files by (path, size, modification time): a relation is planned
-#: per column set and predicate, and the 99 TPC-DS statements' first run planned 286 of them
-#: over a few dozen files, each reading the footers of all its files again.
+#: Top-level columns of Parquet files by (path, size, modification time): relations of one table
+#: planned for other filters, and of other versions sharing its files, would each read the
+#: footers of all their files again.
 FOOTERS: Lru[list[tuple[str, int | None]]] = Lru("footers", 50_000, 50_000)
 
 

@@ -20,7 +20,8 @@
   relations) after DuckDB's own parse checked it, keyed by the handle's SQL and which view each
   table reference reads. A function of those two alone: no table state enters it.
 - ``footers`` (``engine.FOOTERS``): the top-level columns of a Parquet file, keyed by its path,
-  size and modification time: relations of other column sets of the same files reuse them.
+  size and modification time: relations of other filters or versions over the same files
+  reuse them.
 
 - ``results``: the rows of a deterministic statement (``query.deterministic``: only functions
   DuckDB calls consistent, no ``now()``, ``random()`` or sampling), keyed by its SQL with its

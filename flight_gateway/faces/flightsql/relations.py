@@ -182,7 +182,8 @@ def plan_table(
 
 def narrowed(rel: TableRelation, columns: Sequence[str]) -> TableRelation:
     """``rel`` (planned over its table's columns, every source read by the engine from
-    files) read for ``columns`` only: its files and footers shared, its DuckDB types too."""
+    files) read for ``columns`` only: its files and footers shared (its DuckDB types too,
+    when known)."""
     index = {c.name: i for i, c in enumerate(rel.columns)}
     picked = [index[c] for c in columns]
     types = None if rel.duck_types is None else [rel.duck_types[i] for i in picked]
