@@ -17,6 +17,7 @@ from flight_gateway.core import metrics, tracing
 from flight_gateway.core.config import GatewayConfig
 from flight_gateway.core.secrets import ScrubFilter
 from flight_gateway.core.services import Core
+from flight_gateway.core.sources import warm
 from flight_gateway.faces.flight.readers import ReadProcesses
 from flight_gateway.faces.flight.server import FlightFace
 from flight_gateway.faces.flightsql.service import FlightSqlService
@@ -67,6 +68,7 @@ class HarnessFlightServer:
         self.flight = FlightFace(self.core, config, carried=[self.sql], readers=self.readers)
         self.rest = self._iceberg_rest()
         metrics.watch_catalog(catalog)
+        self._warm_kinds()
         self._metrics_http = (
             None
             if config.metrics_port is None
@@ -79,6 +81,16 @@ class HarnessFlightServer:
             self.uri,
             catalog.engine.url.render_as_string(hide_password=True),
         )
+
+    def _warm_kinds(self) -> None:
+        """The kinds of the catalog's sources warmed (``SourceKind.warm``), off the first
+        requests' path; a catalog that cannot say is left to the first reads."""
+        try:
+            kinds = self.catalog.source_kinds()
+        except Exception as e:
+            log.warning("source kinds not warmed: %s", e)
+            return
+        warm(kinds)
 
     def _iceberg_rest(self) -> Any:
         if self.config.iceberg_rest_port is None:

@@ -270,6 +270,9 @@ class DuckLakeKind(SourceKind):
             out += locations.storage("data_path", config.data_path)
         return out
 
+    def warm(self) -> None:
+        ducklake_pool.warm(_database)
+
     def plan(self, request: ScanRequest) -> list[ScanTask]:
         src = request.source
         if _snapshot(src.name, src.state) is None:

@@ -314,6 +314,12 @@ class SourceKind:
     def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
         """Check a state before it is committed; INVALID_ARGUMENT when it cannot be read."""
 
+    def warm(self) -> None:
+        """Make ahead, off every request's path, what the kind's first read in a process
+        would pay once (DuckLake: a database past its first attach). The gateway calls it in
+        a thread of its own when it starts with sources of the kind in its catalog and when
+        a source of the kind is added; failures are logged, never raised to a caller."""
+
     def check(self, source: SourceRef) -> None:
         """Check a resolved config with a state before it is committed or read; raise
         INVALID_ARGUMENT when they are unsafe or inconsistent (e.g. file paths in the state

@@ -120,6 +120,10 @@ class Catalog:
         """The table at ``version`` (or the latest version committed at or before ``as_of``)."""
         return queries.describe(self.engine, name, version, as_of)
 
+    def source_kinds(self) -> list[str]:
+        """The kinds of the sources tables have now (the gateway warms them at start)."""
+        return queries.source_kinds(self.engine)
+
     def live_sources(self, name: str, sources: Sequence[str]) -> dict[str, SourceDef]:
         """Kind, config and partition of the named sources as they are now (cheap: no states)."""
         return queries.live_sources(self._fast or self.engine, name, list(sources))

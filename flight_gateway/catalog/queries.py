@@ -221,6 +221,13 @@ def list_tables(engine: Engine) -> list[str]:
         return [r[0] for r in conn.execute(select(tables.c.name).order_by(tables.c.name))]
 
 
+def source_kinds(engine: Engine) -> list[str]:
+    """The kinds of the sources tables have now."""
+    q = select(sources.c.kind).where(sources.c.removed_version.is_(None)).distinct()
+    with read_tx(engine) as conn:
+        return sorted(r[0] for r in conn.execute(q))
+
+
 def live_sources(engine: Engine, table: str, names: list[str]) -> dict[str, SourceDef]:
     """The named sources of ``table`` as they are now (missing names are left out); one
     statement, so a caller on an autocommit engine pays one round trip."""

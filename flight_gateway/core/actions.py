@@ -13,7 +13,7 @@ from flight_gateway.core import metrics
 from flight_gateway.core.auth import Principal
 from flight_gateway.core.context import Gateway
 from flight_gateway.core.secrets import REF, passwords_hidden
-from flight_gateway.core.sources import check_commit
+from flight_gateway.core.sources import check_commit, warm
 from flight_gateway.core.write import locks, move, writes
 from flight_gateway.core.write.evolve import evolve_schema
 from flight_gateway.protocol import actions
@@ -137,6 +137,8 @@ def commit(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     metrics.COMMITS.labels(table, "applied" if res.applied else "repeated").inc()
     if body.get("add_sources") or body.get("remove_sources"):
         gw.source_defs.forget(table)
+    if res.applied and body.get("add_sources"):
+        warm(str(s["kind"]) for s in _list(body, "add_sources") if isinstance(s, Mapping))
     return {"version": res.version, "applied": res.applied, "schema_id": res.schema_id}
 
 

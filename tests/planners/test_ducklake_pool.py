@@ -65,3 +65,21 @@ def test_writes_use_a_database_of_their_own(lake) -> None:
         assert not isinstance(con, ducklake_pool.Pooled)
     finally:
         con.close()
+
+
+@pytest.fixture
+def empty_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose pool has made and kept nothing yet."""
+    monkeypatch.setattr(ducklake_pool, "_idle", [])
+    monkeypatch.setattr(ducklake_pool, "_warmed", False)
+
+
+def test_the_first_read_takes_the_database_warmed_ahead(lake, empty_pool) -> None:
+    DuckLakeKind().warm()
+    (warmed,) = ducklake_pool._idle
+    DuckLakeKind().warm()  # once per process
+    assert ducklake_pool._idle == [warmed]
+    snap = lake.execute("INSERT INTO lake.r SELECT range FROM range(3)")
+    assert _read(lake, snap) == [0, 1, 2]
+    # Taken, read with, given back: a database made for the read would be kept beside it.
+    assert ducklake_pool._idle == [warmed]

@@ -30,6 +30,7 @@ from flight_gateway.core import tracing
 from flight_gateway.core.context import Gateway
 from flight_gateway.core.layout.fits import misfit, positions_schema
 from flight_gateway.core.layout.ids import arrow_with_ids
+from flight_gateway.core.layout.prefetch import prefetched
 from flight_gateway.core.layout.store import Artifact, SliceStore, StoredFile
 from flight_gateway.core.read.shape import column_specs
 from flight_gateway.core.sources import bind, scan_request
@@ -237,22 +238,21 @@ class Layouts:
         writer, tmp, rows = None, None, 0
         made: list[tuple[Any, Any, int]] = []
         try:
-            for reader in readers:
-                for batch in reader:
-                    if writer is None:
-                        tmp = self.store.temporary(table_id, where, ".parquet")
-                        writer, rows = (
-                            pq.ParquetWriter(
-                                tmp, schema, compression="zstd", store_decimal_as_integer=True
-                            ),
-                            0,
-                        )
-                    writer.write_batch(_fit(batch, schema), row_group_size=ROW_GROUP_ROWS)
-                    rows += batch.num_rows
-                    if tmp is not None and tmp.stat().st_size >= FILE_BYTES:
-                        writer.close()
-                        made.append((tmp, writer, rows))
-                        writer, tmp = None, None
+            for batch in prefetched(readers):  # the next batches read while one is written
+                if writer is None:
+                    tmp = self.store.temporary(table_id, where, ".parquet")
+                    writer, rows = (
+                        pq.ParquetWriter(
+                            tmp, schema, compression="zstd", store_decimal_as_integer=True
+                        ),
+                        0,
+                    )
+                writer.write_batch(_fit(batch, schema), row_group_size=ROW_GROUP_ROWS)
+                rows += batch.num_rows
+                if tmp is not None and tmp.stat().st_size >= FILE_BYTES:
+                    writer.close()
+                    made.append((tmp, writer, rows))
+                    writer, tmp = None, None
             if writer is not None:
                 writer.close()
                 made.append((tmp, writer, rows))
