@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import queue
 import threading
 from collections.abc import Iterable, Iterator
@@ -21,6 +22,8 @@ import pyarrow as pa
 #: Batches read ahead of the writer at most (each a source's batch: ~64 K rows).
 DEPTH = 4
 _POLL_S = 0.1
+JOIN_S = 10.0
+log = logging.getLogger(__name__)
 
 
 class _End:
@@ -79,4 +82,10 @@ def prefetched(readers: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.Recor
             yield item
     finally:
         stop.set()
-        thread.join()
+        # It stops after the batch it is reading; a source stuck in a read does not hold the
+        # caller past this (the thread ends, closing its reader, when the read returns).
+        thread.join(JOIN_S)
+        if thread.is_alive():
+            log.warning(
+                "a slice's source is still in a read %.0f s after its writer stopped", JOIN_S
+            )
