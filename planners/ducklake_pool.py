@@ -40,10 +40,9 @@ def warm(make: Any) -> None:
     process's first read of a lake does not pay it. Once per process."""
     global _warmed
     with _lock:
-        if _warmed or _idle:
-            _warmed = True
-            return
-        _warmed = True
+        done, _warmed = _warmed or bool(_idle), True
+    if done:
+        return
     db = make()
     try:
         db.execute("ATTACH 'ducklake::memory:' AS __warm")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-#: Batches read ahead of the writer at most (each a source's batch: ~64 K rows).
+#: Batches read ahead of the writer at most (each one batch of the source's reader).
 DEPTH = 4
 _POLL_S = 0.1
 JOIN_S = 10.0
