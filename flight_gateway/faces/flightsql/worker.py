@@ -121,10 +121,10 @@ def _status() -> dict[str, int]:
     return out
 
 
-def _resident() -> int:
-    """The process's resident bytes: ``statm`` is one short line, half the cost of ``status``
-    (read after each tiny statement)."""
-    with open("/proc/self/statm") as f:
+def resident(pid: int | str = "self") -> int:
+    """A process's resident bytes (this one's by default): ``statm`` is one short line, half
+    the cost of ``status`` (read after each tiny statement)."""
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * PAGE_BYTES
 
 
@@ -145,7 +145,7 @@ class Worker:
         self.sock = sock
         self.limits = limits
         #: Resident memory when it started (``main`` sets it again once warmed up).
-        self.base_rss = _resident()
+        self.base_rss = resident()
         #: Databases made ahead for the next statements (when made, the database) by the
         #: servers they attach, the set used last at the end.
         self.spares: OrderedDict[tuple[str, ...], list[tuple[float, Any]]] = OrderedDict()
@@ -349,7 +349,7 @@ class Worker:
             held = db.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
         except Exception:
             held = None
-        grown = _resident() - self.base_rss
+        grown = resident() - self.base_rss
         if held is None or (held[0] or 0) > LOCKED_MAX_BYTES or grown > KEEP_GROWN_BYTES:
             used.append(db)
             return False
@@ -666,9 +666,8 @@ def main(argv: Sequence[str]) -> int:
     probe.close()
     con.close()
     limit = _bound_memory(int(limits["memory_limit_mb"]), kept)
-    status = _status()
-    worker.base_rss = status["VmRSS"]
-    send(sock, {"ready": os.getpid(), "data_limit": limit, **status})
+    worker.base_rss = resident()
+    send(sock, {"ready": os.getpid(), "data_limit": limit, "VmRSS": worker.base_rss})
     worker.serve()
     return 0
 

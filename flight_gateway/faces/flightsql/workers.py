@@ -152,8 +152,7 @@ class Worker:
 
     def rss(self) -> int:
         try:
-            with open(f"/proc/{self.pid}/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            return protocol.resident(self.pid)
         except OSError:
             return 0
 
