@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flight_gateway.catalog import admin, db, queries, retention
+from flight_gateway.catalog import admin, db, queries, retention, snapshot_read
 from flight_gateway.catalog.commit import Committer, GroupStats, build_request
 from flight_gateway.catalog.locks import Locks
 from flight_gateway.catalog.model import (
@@ -120,6 +120,11 @@ class Catalog:
         """The table at ``version`` (or the latest version committed at or before ``as_of``)."""
         return queries.describe(self.engine, name, version, as_of)
 
+    def describe_at(self, name: str, table_id: int, version: int) -> TableSnapshot:
+        """``describe(name, version)`` of incarnation ``table_id`` (from a head the caller
+        read), in one statement (``snapshot_read``)."""
+        return snapshot_read.describe_at(self._fast or self.engine, name, table_id, version)
+
     def source_kinds(self) -> list[str]:
         """The kinds of the sources tables have now (the gateway warms them at start)."""
         return queries.source_kinds(self.engine)
@@ -130,11 +135,11 @@ class Catalog:
 
     def find_commit(self, name: str, commit_id: str) -> int | None:
         """The version a commit id produced, or None if it was never applied."""
-        return queries.find_commit(self.engine, name, commit_id)
+        return queries.find_commit(self._fast or self.engine, name, commit_id)
 
     def find_commits(self, name: str, commit_ids: Sequence[str]) -> dict[str, int]:
         """The commit ids of ``commit_ids`` that were applied, with the versions they produced."""
-        return queries.find_commits(self.engine, name, commit_ids)
+        return queries.find_commits(self._fast or self.engine, name, commit_ids)
 
     def now(self) -> float:
         """The catalog database's clock (the clock of commit times), epoch seconds: one
@@ -153,7 +158,7 @@ class Catalog:
     def head(self, name: str, as_of: float | None = None) -> TableHead:
         """The table's id and the versions it keeps (one primary-key lookup); with ``as_of``
         also the version current then (``version_at``)."""
-        return queries.head(self._fast or self.engine, name, as_of)
+        return queries.heads(self._fast or self.engine, [name], as_of)[name]
 
     def heads(self, names: Sequence[str], as_of: float | None = None) -> dict[str, TableHead]:
         """``head`` of each of ``names`` (NOT_FOUND for the first unknown), in one read."""

@@ -122,27 +122,30 @@ def describe(
         )
 
 
+#: The DBAPI placeholder of each parameter style (the catalog's SQLite and psycopg) ``heads``
+#: and ``find_commits`` write their statements in.
+_MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+
+
 def find_commit(engine: Engine, name: str, commit_id: str) -> int | None:
-    with read_tx(engine) as conn:
-        t = table_row(conn, name)
-        v = conn.execute(
-            select(versions.c.version).where(
-                versions.c.table_id == t.id, versions.c.commit_id == commit_id
-            )
-        ).scalar()
-        return None if v is None else int(v)
+    return find_commits(engine, name, [commit_id]).get(commit_id)
 
 
 def find_commits(engine: Engine, name: str, commit_ids: Sequence[str]) -> dict[str, int]:
-    """``find_commit`` of several commit ids in one read: the ids applied, with their versions."""
-    with read_tx(engine) as conn:
-        t = table_row(conn, name)
-        found = conn.execute(
-            select(versions.c.commit_id, versions.c.version).where(
-                versions.c.table_id == t.id, versions.c.commit_id.in_(list(set(commit_ids)))
-            )
-        )
-        return {str(r.commit_id): int(r.version) for r in found}
+    """``find_commit`` of several commit ids in one statement (like ``heads``): the ids
+    applied, with their versions. Every DoPut asks this before its lease and under it."""
+    wanted = list(dict.fromkeys(commit_ids))
+    mark = _MARKS[engine.dialect.paramstyle]
+    sql = (
+        f"SELECT t.id, v.commit_id, v.version FROM {tables.name} t"
+        f" LEFT JOIN {versions.name} v ON v.table_id = t.id"
+        f" AND v.commit_id IN ({', '.join([mark] * len(wanted)) or 'NULL'})"
+        f" WHERE t.name = {mark}"
+    )
+    rows = one_statement(engine, sql, (*wanted, name))
+    if not rows:
+        raise NotFound(f"table {name!r} does not exist")
+    return {str(r[1]): int(r[2]) for r in rows if r[1] is not None}
 
 
 def head(engine: Engine, name: str, as_of: float | None = None) -> TableHead:
@@ -150,11 +153,6 @@ def head(engine: Engine, name: str, as_of: float | None = None) -> TableHead:
         t = table_row(conn, name)
         at = None if as_of is None else resolve_version(conn, t, None, as_of)
         return TableHead(int(t.id), int(t.current_version), int(t.min_version), at)
-
-
-#: The DBAPI placeholder of each parameter style (the catalog's SQLite and psycopg) ``heads``
-#: writes its statement in.
-_MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
 
 def heads(engine: Engine, names: Sequence[str], as_of: float | None = None) -> dict[str, TableHead]:

@@ -1,8 +1,8 @@
 """Descriptions of table versions, shared by the calls of one gateway.
 
 A version never changes once committed, so its description (schema, properties, every
-source's state: five catalog queries) is read once and kept, keyed by the table's id (its
-incarnation), never its name. Each use still asks the catalog for the table's head (one
+source's state: one catalog statement, ``Catalog.describe_at``) is read once and kept, keyed by
+the table's id (its incarnation), never its name. Each use still asks the catalog for the table's head (one
 primary-key lookup): which incarnation the name is now, its latest version and which versions
 it keeps. Readers pin versions through it; writers read the latest version through it too,
 before and under their lease: under a read load a describe took ~0.4 s of a DoPut (Python
@@ -15,7 +15,6 @@ import threading
 from collections import OrderedDict
 
 from flight_gateway.catalog import Catalog, TableSnapshot
-from flight_gateway.protocol.errors import NotFound
 
 #: Versions kept (each holds every source state of its table).
 KEPT = 128
@@ -35,9 +34,7 @@ class Snapshots:
             if hit is not None:
                 self._cache.move_to_end((table_id, version))
                 return hit
-        snap = self._catalog.describe(table, version=version)
-        if snap.table_id != table_id:  # dropped and created again in between
-            raise NotFound(f"table {table!r} was dropped while it was being read")
+        snap = self._catalog.describe_at(table, table_id, version)
         with self._lock:
             self._cache[(snap.table_id, snap.version)] = snap
             while len(self._cache) > KEPT:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -11,7 +12,12 @@ from flight_gateway.protocol.errors import InvalidArgument, Unavailable
 from planners.common import to_physical
 from planners.kind import Additive
 from planners.postgres import PostgresConfig
-from planners.postgres.versioning import ensure_current, server_now
+from planners.postgres.versioning import (
+    ensure_current,
+    outdated_schemas,
+    server_now,
+    upgrade_versioning,
+)
 from planners.predicates import quote_ident
 from planners.sqltypes import sql_type
 
@@ -32,38 +38,65 @@ def _ensure_log(conn: Any) -> None:
 
 
 def _existing_columns(conn: Any, config: PostgresConfig) -> list[str]:
+    # pg_catalog, not information_schema.columns: the server plans that view's joins on each
+    # call (3.6 ms of a small read before reads moved off it).
     return [
         r[0]
         for r in conn.execute(
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_schema = %s AND table_name = %s",
-            (config.schema, config.table),
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (config.qualified(),),
         )
     ]
+
+
+#: Databases (DSNs) where this process found the DoPut log: created once per database, so
+#: looked for once per process, not per write (a transaction of two statements). One dropped
+#: by hand since fails the write's first statement, which forgets it here and runs again.
+_LOGGED: set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def _prepare(conn: Any, config: PostgresConfig) -> None:
+    # The versioning is checked on every write (one statement): an older release's gateway
+    # beside this one (a rolling upgrade) may install its function again at any time.
+    if config.schema in outdated_schemas(conn):
+        upgrade_versioning(conn)
+    if config.dsn not in _LOGGED:
+        _ensure_log(conn)
+        with _logged_lock:
+            _LOGGED.add(config.dsn)
 
 
 def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[Any], None]) -> str:
     """Run ``write(conn)`` and log ``commit_id`` in one transaction unless the log has it
     already (a retry writes nothing), then return the server clock as the next ``as_of`` (the
-    caller holds the source's lock, as the ``as_of`` protocol requires)."""
+    caller holds the source's lock, as the ``as_of`` protocol requires). The connection is a
+    pooled one (``PLANNING``): opening one per write (a server process forked, TCP and
+    authentication) was a quarter of a Postgres DoPut's lease under load. A pooled connection
+    the server dropped fails its work, which runs again on a fresh one: the log makes that
+    safe, as for any retry."""
     import psycopg
+
+    from planners.postgres.pool import PLANNING
 
     # The log is the database's, shared by every harness table writing into it: an entry names
     # the table written, so one table's commit id never stands for another's write (two tables
     # of one catalog, or of two catalogs, may well use the same commit ids and source names).
     entry = f"{config.qualified()}:{commit_id}"
-    try:
-        connection = psycopg.connect(config.dsn, connect_timeout=10)
-    except psycopg.OperationalError as e:  # the server, not the caller: UNAVAILABLE, retried
-        raise Unavailable(f"source {source!r}: cannot connect to PostgreSQL: {e}") from None
-    with connection as conn:
-        ensure_current(conn, config.schema)
-        _ensure_log(conn)
+
+    def work(conn: Any) -> str:
+        _prepare(conn, config)
         with conn.transaction():
-            done = conn.execute(
-                "SELECT 1 FROM harness_doput_log WHERE commit_id = %s AND source = %s",
-                (entry, source),
-            ).fetchone()
+            try:
+                done = conn.execute(
+                    "SELECT 1 FROM harness_doput_log WHERE commit_id = %s AND source = %s",
+                    (entry, source),
+                ).fetchone()
+            except psycopg.errors.UndefinedTable:
+                with _logged_lock:
+                    _LOGGED.discard(config.dsn)  # the retry on a fresh connection makes it
+                raise
             if done is None:
                 write(conn)
                 conn.execute(
@@ -71,6 +104,11 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
                     (entry, source),
                 )
         return server_now(conn)  # after the rows committed
+
+    try:
+        return PLANNING.run(config.dsn, work, own=(InvalidArgument, psycopg.errors.DataError))
+    except psycopg.OperationalError as e:  # the server, not the caller: UNAVAILABLE, retried
+        raise Unavailable(f"source {source!r}: cannot reach PostgreSQL: {e}") from None
 
 
 def copy_rows(
