@@ -129,6 +129,11 @@ def _update_and_stage_table(
     )
     provider = load_location_provider(updated.location, updated.properties)
     location = provider.new_table_metadata_file_location(version)
+    # The commit writes exactly this metadata there (or fails, and nothing ever names the
+    # file): the next load of the table, this writer's next append or a read's plan, finds it
+    # parsed. Under a write load each commit's file was parsed again by the next load (30 % of
+    # an Iceberg DoPut's samples, 16 writers and 64 readers on 2 cores).
+    _keep(location, updated)
     return StagedTable(
         identifier=table_identifier,
         metadata=updated,
@@ -160,12 +165,16 @@ def _table_metadata(input_file: Any, encoding: str = "utf-8") -> TableMetadata:
             _PARSED.move_to_end(location)
             return hit[0]
     metadata = _parse(input_file, encoding)
+    _keep(location, metadata)
+    return metadata
+
+
+def _keep(location: str, metadata: TableMetadata) -> None:
     with _PARSED_LOCK:
         _PARSED[location] = (metadata, _weight(metadata))
         total = sum(w for _, w in _PARSED.values())
         while len(_PARSED) > 1 and (len(_PARSED) > PARSED_KEPT or total > PARSED_ENTRIES):
             total -= _PARSED.popitem(last=False)[1][1]
-    return metadata
 
 
 def keep_metadata_parsed() -> None:

@@ -125,3 +125,26 @@ def test_parsed_metadata_is_bounded_by_its_entries(catalog, monkeypatch) -> None
     latest = catalog.load_table("db.bounded").metadata_location
     assert list(iceberg_tx._PARSED) == [latest]
     assert table.metadata_location not in iceberg_tx._PARSED
+
+
+def test_a_commit_leaves_its_metadata_parsed(catalog, monkeypatch) -> None:
+    """The next load after a commit (the next writer's, a read's plan) parses no file: the
+    commit's own staged metadata is what it wrote, equal to that file parsed afresh."""
+    iceberg_tx.share_metadata(catalog)
+    table = catalog.create_table("db.seeded", schema=SCHEMA)
+    iceberg_tx.append(catalog.load_table("db.seeded"), _rows(0), {"c": "0"})
+    parses: list[str] = []
+    real = iceberg_tx._parse
+
+    def counted(input_file, encoding="utf-8"):  # type: ignore[no-untyped-def]
+        parses.append(str(input_file.location))
+        return real(input_file, encoding)
+
+    monkeypatch.setattr(iceberg_tx, "_parse", counted)
+    for i in range(1, 4):
+        iceberg_tx.append(catalog.load_table("db.seeded"), _rows(i * 10), {"c": str(i)})
+    table = catalog.load_table("db.seeded")
+    assert parses == []
+    assert len(table.metadata.snapshots) == 4
+    assert real(table.io.new_input(table.metadata_location)) == table.metadata
+    assert [r["id"] for r in table.scan().to_arrow().sort_by("id").to_pylist()] == list(range(40))

@@ -31,21 +31,80 @@ log = logging.getLogger(__name__)
 SLOW_LEASE_S = 5.0
 
 
-class _Renewer(threading.Thread):
-    def __init__(self, catalog: Catalog, lock_id: str, ttl_s: float) -> None:
-        super().__init__(daemon=True, name=f"lease-{lock_id[:8]}")
-        self.catalog, self.lock_id, self.ttl_s = catalog, lock_id, ttl_s
-        self.stop = threading.Event()
+class _Renewals:
+    """One thread renewing every lease this process holds, each at a third of its length. A
+    thread per lease cost its DoPut a thread start and a join under the lease (the start waits
+    for the new thread to run: 0.5-1 ms idle, ~8 % of a DoPut's lease samples under 64 readers
+    and 16 writers on 2 cores)."""
 
-    def run(self) -> None:
-        while not self.stop.wait(self.ttl_s / 3):
-            try:
-                self.catalog.renew_lock(self.lock_id, self.ttl_s)
-            except LockExpired:  # the commit will fail with LockExpired too
-                log.warning("lease %s expired before its work finished", self.lock_id)
-                return
-            except Exception:  # a catalog hiccup: try again at the next beat
-                log.warning("lease %s: renewal failed; retrying", self.lock_id, exc_info=True)
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        #: lock id -> (catalog, ttl_s, when it is due next: monotonic seconds)
+        self._held: dict[str, tuple[Catalog, float, float]] = {}
+        self._thread: threading.Thread | None = None
+        self._renewing: str | None = None  # the lease being renewed now
+
+    def add(self, catalog: Catalog, lock_id: str, ttl_s: float) -> None:
+        with self._cond:
+            self._held[lock_id] = (catalog, ttl_s, time.monotonic() + ttl_s / 3)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="lease-renewals",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, lock_id: str) -> None:
+        """Stop renewing ``lock_id``; a renewal of it under way finishes first, so none is
+        sent after the caller unlocks."""
+        with self._cond:
+            self._held.pop(lock_id, None)
+            while self._renewing == lock_id:
+                self._cond.wait()
+
+    def _due(self) -> list[tuple[str, Catalog, float]]:
+        # called with the condition held: waits for the next lease due and takes those due
+        while True:
+            now = time.monotonic()
+            due = [(k, c, t) for k, (c, t, at) in self._held.items() if at <= now]
+            if due:
+                for k, c, t in due:
+                    self._held[k] = (c, t, now + t / 3)
+                return due
+            nxt = min((at for _, _, at in self._held.values()), default=now + 60.0)
+            self._cond.wait(max(0.0, nxt - now))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                due = self._due()
+            for lock_id, catalog, ttl_s in due:
+                with self._cond:
+                    if lock_id not in self._held:  # released meanwhile
+                        continue
+                    self._renewing = lock_id
+                try:  # outside the condition: adding and releasing other leases go on
+                    expired = not self._renew(lock_id, catalog, ttl_s)
+                finally:
+                    with self._cond:
+                        self._renewing = None
+                        if expired:
+                            self._held.pop(lock_id, None)
+                        self._cond.notify_all()
+
+    @staticmethod
+    def _renew(lock_id: str, catalog: Catalog, ttl_s: float) -> bool:
+        """False when the lease has expired."""
+        try:
+            catalog.renew_lock(lock_id, ttl_s)
+        except LockExpired:  # the commit will fail with LockExpired too
+            log.warning("lease %s expired before its work finished", lock_id)
+            return False
+        except Exception:  # a catalog hiccup: try again at the next beat
+            log.warning("lease %s: renewal failed; retrying", lock_id, exc_info=True)
+        return True
+
+
+_RENEWALS = _Renewals()
 
 
 @contextmanager
@@ -76,14 +135,12 @@ def leased(
         raise
     granted = time.monotonic()
     _observe(work, "wait", granted - asked, table, sources, owner)
-    renewer = _Renewer(catalog, grant.lock_id, ttl_s)
-    renewer.start()
+    _RENEWALS.add(catalog, grant.lock_id, ttl_s)
     try:
         yield grant
     finally:
         with tracing.span("lock.release", table=table):
-            renewer.stop.set()
-            renewer.join()
+            _RENEWALS.remove(grant.lock_id)
             catalog.unlock(grant.lock_id)
             WATCH.release(grant.lock_id)
         _observe(work, "held", time.monotonic() - granted, table, sources, owner)
