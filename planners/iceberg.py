@@ -496,12 +496,34 @@ class IcebergKind(SourceKind):
         earlier = _after_state(table, ctx)
         if earlier is not None:
             return {**src.state, "snapshot_id": earlier.snapshot_id}
-        from planners.iceberg_tx import append
+        from planners import iceberg_tx
 
-        schema = table.schema().as_arrow()
-        data = fit_to_schema(rows, schema, ctx.aliases)
-        append(table, data, ops.write_properties(ctx.commit_id, ctx.relocation, ctx.table))
+        props = ops.write_properties(ctx.commit_id, ctx.relocation, ctx.table)
+        prepared = ctx.prepared
+        if isinstance(prepared, iceberg_tx.PreparedFiles) and iceberg_tx.fits(table, prepared):
+            iceberg_tx.append_files(table, prepared, props)  # the files were written already
+        else:  # not prepared, or the schema or partitioning changed since
+            data = fit_to_schema(rows, table.schema().as_arrow(), ctx.aliases)
+            iceberg_tx.append(table, data, props)
         return {**src.state, "snapshot_id": table.current_snapshot().snapshot_id}
+
+    def prepare_append(self, ctx: AppendContext, rows: pa.Table) -> Any:
+        """The rows written as the table's data files before the lease: under it, an append
+        only commits them (under 16 writers and 64 readers on 2 cores an Iceberg DoPut held
+        its lease seconds, while other writers of the source queued behind it)."""
+        from planners import iceberg_tx
+
+        if not rows.num_rows:
+            return None
+        table = load_table(ctx.source.config, ctx.guard)
+        data = fit_to_schema(rows, table.schema().as_arrow(), ctx.aliases)
+        return iceberg_tx.write_data_files(table, data)
+
+    def discard_prepared(self, ctx: AppendContext, prepared: Any) -> None:
+        from planners import iceberg_tx
+
+        if isinstance(prepared, iceberg_tx.PreparedFiles) and not prepared.used:
+            iceberg_tx.delete_files(load_table(ctx.source.config, ctx.guard), prepared)
 
     def merge(
         self, ctx: AppendContext, upserts: pa.Table, deletes: pa.Table, key: Sequence[str]

@@ -18,10 +18,12 @@ once (``keep_metadata_parsed``): at 600 snapshots an idle append went from 134 t
 
 from __future__ import annotations
 
+import logging
 import threading
 import types
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +40,8 @@ from pyiceberg.table.update import (
     update_table_metadata,
 )
 from pyiceberg.utils.datetime import datetime_to_millis
+
+log = logging.getLogger(__name__)
 
 
 class Transaction(_Transaction):
@@ -64,6 +68,71 @@ def append(table: Table, data: pa.Table, snapshot_properties: Mapping[str, str])
     """``table.append``, with its metadata built once per staged state."""
     with transaction(table) as tx:
         tx.append(data, snapshot_properties=dict(snapshot_properties))
+
+
+@dataclass
+class PreparedFiles:
+    """Data files an append wrote before its lease (``write_data_files``), for the schema and
+    partition spec they were written with."""
+
+    schema_id: int
+    spec_id: int
+    files: list[Any]
+    #: Set before the commit that names them is tried: from then on they may be referenced
+    #: (a commit that failed may still have landed) and are never deleted.
+    used: bool = False
+
+
+def write_data_files(table: Table, data: pa.Table) -> PreparedFiles:
+    """Write ``data`` (already fitted to the table's schema) as the table's data files, as
+    ``Transaction.append`` would, without committing them."""
+    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+    from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE
+    from pyiceberg.utils.config import Config
+
+    meta = table.metadata
+    _check_pyarrow_schema_compatible(
+        meta.schema(),
+        provided_schema=data.schema,
+        downcast_ns_timestamp_to_us=Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE)
+        or False,
+        format_version=meta.format_version,
+    )
+    files = list(_dataframe_to_data_files(table_metadata=meta, df=data, io=table.io))
+    return PreparedFiles(meta.current_schema_id, meta.default_spec_id, files)
+
+
+def fits(table: Table, prepared: PreparedFiles) -> bool:
+    """Whether files written for ``prepared``'s schema and spec may be committed to ``table``
+    as it is now."""
+    meta = table.metadata
+    return (meta.current_schema_id, meta.default_spec_id) == (prepared.schema_id, prepared.spec_id)
+
+
+def append_files(
+    table: Table, prepared: PreparedFiles, snapshot_properties: Mapping[str, str]
+) -> None:
+    """Commit ``prepared``'s files as one append snapshot (fast or merging, as the table's
+    properties choose, like ``Transaction.append``)."""
+    from pyiceberg.table.refs import MAIN_BRANCH
+
+    with transaction(table) as tx:
+        producer = tx._append_snapshot_producer(dict(snapshot_properties), branch=MAIN_BRANCH)
+        with producer as files:
+            for data_file in prepared.files:
+                files.append_data_file(data_file)
+        prepared.used = True
+
+
+def delete_files(table: Table, prepared: PreparedFiles) -> None:
+    """Remove prepared files no commit used (best effort: an orphan is only space)."""
+    if prepared.used:
+        return
+    for data_file in prepared.files:
+        try:
+            table.io.delete(data_file.file_path)
+        except Exception:  # already gone, or the store refuses: left for orphan cleanup
+            log.info("could not remove unused data file %s", data_file.file_path, exc_info=True)
 
 
 def updated_metadata(

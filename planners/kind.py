@@ -158,6 +158,8 @@ class AppendContext:
     #: The rows were in the table already (a move from another source): a kind whose streaming
     #: reads list what each snapshot added marks the write so they skip it.
     relocation: bool = False
+    #: What ``PreparesAppends.prepare_append`` wrote of these rows before the lease (or None).
+    prepared: Any = None
 
 
 # ---------------------------------------------------------------------------- typed configs
@@ -348,6 +350,20 @@ class Appendable(Protocol):
     (after a lost reply or a crash before the harness commit) writes nothing twice."""
 
     def append(self, ctx: AppendContext, rows: pa.Table) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class PreparesAppends(Protocol):
+    """An ``Appendable`` that can write an append's data before the source's lease is taken,
+    so that under the lease only its commit is left (DESIGN §18: writers hold locks for
+    milliseconds). ``prepare_append`` returns what ``append`` then finds as ``ctx.prepared``
+    (``append`` may still write the rows itself, when what was prepared no longer fits the
+    source); ``discard_prepared`` removes what an append never committed (the DoPut failed,
+    or an earlier try of its commit id had written the rows)."""
+
+    def prepare_append(self, ctx: AppendContext, rows: pa.Table) -> Any: ...
+
+    def discard_prepared(self, ctx: AppendContext, prepared: Any) -> None: ...
 
 
 @runtime_checkable

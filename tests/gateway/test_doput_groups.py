@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -177,3 +178,44 @@ def test_a_failing_upload_fails_alone_and_its_retry_applies_once(
         .to_arrow()
     )
     assert sorted(direct.column("id").to_pylist()) == ids
+    # The retry wrote its rows' file before its lease, then found its first try's snapshot:
+    # that file was removed, so every data file on disk is one a snapshot names.
+    assert data_files(table) == committed_files(table)
+
+
+def data_files(table: IcebergFixture) -> set[str]:
+    location = table.catalog.load_table("db.grouped").location().removeprefix("file://")
+    return {str(p) for p in Path(location, "data").rglob("*.parquet")}
+
+
+def committed_files(table: IcebergFixture) -> set[str]:
+    t = table.catalog.load_table("db.grouped")
+    return {
+        task.file.file_path.removeprefix("file://")
+        for snap in t.snapshots()
+        for task in t.scan(snapshot_id=snap.snapshot_id).plan_files()
+    }
+
+
+def test_iceberg_rows_are_written_before_the_lease_and_committed_under_it(
+    gateway, client: HarnessClient, table: IcebergFixture
+) -> None:
+    """DESIGN §18: a writer holds the source's lock for its commit only. While another holds
+    the lock, a DoPut's data file is already on disk and no snapshot names it; once the lock
+    is free the DoPut commits that very file."""
+    server, catalog = gateway
+    held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
+    threads, out = put_all(server, [("early", rows("iceberg", 0))])
+    deadline = time.monotonic() + 30
+    while not data_files(table):
+        assert time.monotonic() < deadline, "no data file written while the lock was held"
+        time.sleep(0.02)
+    written = data_files(table)
+    assert table.catalog.load_table("db.grouped").current_snapshot() is None
+    assert out == [None]  # still waiting for the lock
+    catalog.unlock(held.lock_id)
+    for t in threads:
+        t.join(60)
+    assert out[0]["applied"], out
+    assert committed_files(table) == written == data_files(table)
+    assert sorted(client.read("t").column("id").to_pylist()) == list(range(5))

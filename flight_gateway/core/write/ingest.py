@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -39,7 +39,7 @@ from flight_gateway.core.write.merge import last_per_key, mode, with_ops
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.arrow_types import parse_type
 from flight_gateway.protocol.errors import InvalidArgument, LockExpired, ResourceExhausted
-from planners.kind import Appendable, AppendContext, Merges
+from planners.kind import Appendable, AppendContext, Merges, PreparesAppends
 from planners.predicates import coerce
 from planners.registry import get_kind
 
@@ -232,10 +232,15 @@ class _Appender:
         return earlier, record
 
     def append(
-        self, snap: TableSnapshot, parts: Mapping[str, pa.Table], states: Mapping[str, Any]
+        self,
+        snap: TableSnapshot,
+        parts: Mapping[str, pa.Table],
+        states: Mapping[str, Any],
+        prepared: Mapping[str, Any],
     ) -> list[dict[str, Any]]:
         """``states``: the sources' states the uploads before this one in its group committed
-        (``snap`` was read before them)."""
+        (``snap`` was read before them); ``prepared``: what was written of each part before
+        the lease (``_prepare``)."""
         aliases = {f.name: f.aliases for f in snap.schema.fields}
         updates = []
         for name, part in parts.items():
@@ -251,6 +256,7 @@ class _Appender:
                 self.table,
                 guard(self.gw, ref.kind, self.table),
                 self.gw.tag_key(snap.table_id, name),
+                prepared=prepared.get(name),
             )
             with tracing.span("write", source=name, kind=ref.kind, rows=part.num_rows):
                 if self.merge:
@@ -273,6 +279,8 @@ class _Upload:
     parts: Mapping[str, pa.Table]
     rows: int
     merge: bool
+    #: What was written of each part before the lease (``PreparesAppends``), by source.
+    prepared: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -331,7 +339,7 @@ def _put_one(
 ) -> dict[str, Any]:
     gw, table = upload.gw, upload.table
     appender = _Appender(gw, table, upload.commit_id, lock_id, upload.merge)
-    updates = appender.append(snap, upload.parts, states)
+    updates = appender.append(snap, upload.parts, states, upload.prepared)
     with tracing.span("commit", table=table):
         res = gw.catalog.commit(
             table,
@@ -382,8 +390,49 @@ def do_put(
             s = snap.source(name)
             if not isinstance(get_kind(s.kind), Merges):
                 raise InvalidArgument(f"source {name!r} ({s.kind}) does not take upserts/deletes")
-    upload = _Upload(gw, table, commit_id, parts, rows.num_rows, merge)
-    outcome = _GROUPS.submit(upload.key, upload)
+    prepared = {} if merge else _prepare(gw, snap, table, commit_id, parts)
+    upload = _Upload(
+        gw, table, commit_id, parts, rows.num_rows, merge, {n: p for n, (_, p) in prepared.items()}
+    )
+    try:
+        outcome = _GROUPS.submit(upload.key, upload)
+    finally:
+        _discard(prepared)  # what no commit used: this DoPut failed, or a retry found its rows
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
+
+
+def _prepare(
+    gw: Gateway, snap: TableSnapshot, table: str, commit_id: str, parts: Mapping[str, pa.Table]
+) -> dict[str, tuple[AppendContext, Any]]:
+    """Each part's data written before the lease by kinds that can (``PreparesAppends``), with
+    the context it was written in: the lease then covers the commits only."""
+    aliases = {f.name: f.aliases for f in snap.schema.fields}
+    done: dict[str, tuple[AppendContext, Any]] = {}
+    try:
+        for name, part in parts.items():
+            kind, ref = bind(gw, snap, name)
+            if not isinstance(kind, PreparesAppends):
+                continue
+            ctx = AppendContext(
+                ref, commit_id, aliases, table=table, guard=guard(gw, ref.kind, table)
+            )
+            with tracing.span("prepare", source=name, kind=ref.kind, rows=part.num_rows):
+                made = kind.prepare_append(ctx, part)
+            if made is not None:
+                done[name] = (ctx, made)
+    except BaseException:
+        _discard(done)
+        raise
+    return done
+
+
+def _discard(prepared: Mapping[str, tuple[AppendContext, Any]]) -> None:
+    for name, (ctx, made) in prepared.items():
+        kind = get_kind(ctx.source.kind)
+        try:
+            assert isinstance(kind, PreparesAppends)
+            kind.discard_prepared(ctx, made)
+        except Exception:  # only space is lost: the files were never committed
+            log.warning("could not remove what was prepared for source %r", name, exc_info=True)
