@@ -29,7 +29,7 @@ def test_leases_outlive_their_length_and_end_with_their_release(tmp_path: Path) 
                     time.sleep(seconds)  # three times the lease and more
                     cat.commit("t", f"w-{source}", lock_id=grant.lock_id,
                                updates=[{"source": source, "state": {"n": 1}}])  # fmt: skip
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:  # reported below
                 errors.append(e)
 
         threads = [
