@@ -75,6 +75,7 @@ class PreparedFiles:
     """Data files an append wrote before its lease (``write_data_files``), for the schema and
     partition spec they were written with."""
 
+    table_uuid: Any
     schema_id: int
     spec_id: int
     files: list[Any]
@@ -99,14 +100,16 @@ def write_data_files(table: Table, data: pa.Table) -> PreparedFiles:
         format_version=meta.format_version,
     )
     files = list(_dataframe_to_data_files(table_metadata=meta, df=data, io=table.io))
-    return PreparedFiles(meta.current_schema_id, meta.default_spec_id, files)
+    return PreparedFiles(meta.table_uuid, meta.current_schema_id, meta.default_spec_id, files)
 
 
 def fits(table: Table, prepared: PreparedFiles) -> bool:
-    """Whether files written for ``prepared``'s schema and spec may be committed to ``table``
-    as it is now."""
+    """Whether files written for ``prepared``'s table, schema and spec may be committed to
+    ``table`` as it is now (not when the source now names another table, or its table was
+    dropped and created again: the files live under the old one's location)."""
     meta = table.metadata
-    return (meta.current_schema_id, meta.default_spec_id) == (prepared.schema_id, prepared.spec_id)
+    now = (meta.table_uuid, meta.current_schema_id, meta.default_spec_id)
+    return now == (prepared.table_uuid, prepared.schema_id, prepared.spec_id)
 
 
 def append_files(

@@ -333,8 +333,20 @@ def call_once_retried(engine: Engine, sql: str, params: tuple[Any, ...]) -> Any:
     raise AssertionError("unreachable")
 
 
-def one_statement(engine: Engine, sql: str, params: tuple[Any, ...]) -> list[Any]:
-    """The rows of one statement on a DBAPI connection of ``engine``'s pool."""
+def one_statement(engine: Engine, sql: str, params: Any) -> list[Any]:
+    """The rows of one read-only statement on a DBAPI connection of ``engine``'s pool, sent
+    once more on a fresh connection when the pooled one was dead (the autocommit engine does
+    not ping before use; a read is safe to repeat)."""
+    for attempt in (1, 2):
+        try:
+            return _one_statement(engine, sql, params)
+        except DBAPIError as e:
+            if attempt == 2 or not e.connection_invalidated:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _one_statement(engine: Engine, sql: str, params: Any) -> list[Any]:
     raw = engine.raw_connection()
     cur = None
     try:

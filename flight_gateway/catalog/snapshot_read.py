@@ -107,7 +107,7 @@ def _statement() -> Any:
     return union_all(head, source_rows, kv_rows)
 
 
-#: (SQL, parameter names in order or None for named parameters) per dialect.
+#: (SQL, parameter names in order or None for named parameters) per dialect and driver.
 _COMPILED: dict[str, tuple[str, tuple[str, ...] | None]] = {}
 #: Parsed schemas by their text (and id): shared by every catalog of the process, so keyed by
 #: content, never by ids another database reuses.
@@ -118,13 +118,14 @@ _lock = threading.Lock()
 
 def _compiled(engine: Engine) -> tuple[str, tuple[str, ...] | None]:
     dialect = engine.dialect
-    hit = _COMPILED.get(dialect.name)
+    key = f"{dialect.name}+{dialect.driver}:{dialect.paramstyle}"
+    hit = _COMPILED.get(key)
     if hit is None:
         compiled = _statement().compile(dialect=dialect)
         order = (
             tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
         )
-        hit = _COMPILED[dialect.name] = (str(compiled), order)
+        hit = _COMPILED[key] = (str(compiled), order)
     return hit
 
 

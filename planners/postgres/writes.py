@@ -108,7 +108,7 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
     try:
         return PLANNING.run(config.dsn, work, own=(InvalidArgument, psycopg.errors.DataError))
     except psycopg.OperationalError as e:  # the server, not the caller: UNAVAILABLE, retried
-        raise Unavailable(f"source {source!r}: cannot reach PostgreSQL: {e}") from None
+        raise Unavailable(f"source {source!r}: PostgreSQL unavailable: {e}") from None
 
 
 def copy_rows(

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from flight_gateway.catalog import Catalog
 from flight_gateway.core.write import lease
@@ -47,3 +49,38 @@ def test_leases_outlive_their_length_and_end_with_their_release(tmp_path: Path) 
         time.sleep(0.5)
         assert cat.list_locks("t") == []
         assert not lease._RENEWALS._held
+
+
+class _SlowCatalog:
+    """Stands in for a catalog whose renewals of one lease stall (a locked SQLite file, a
+    network stall): only ``renew_lock`` is called."""
+
+    def __init__(self, stall: threading.Event) -> None:
+        self.stall, self.renewed = stall, Counter[str]()
+
+    def renew_lock(self, lock_id: str, ttl_s: float) -> float:
+        if lock_id == "slow":
+            self.stall.wait(10)
+        self.renewed[lock_id] += 1
+        return time.time() + ttl_s
+
+
+def test_a_stalled_renewal_delays_no_other_lease() -> None:
+    renewals = lease._Renewals()
+    stall = threading.Event()
+    cat: Any = _SlowCatalog(stall)
+    renewals.add(cat, "slow", 0.3)
+    renewals.add(cat, "fast", 0.3)
+    time.sleep(1.0)
+    assert cat.renewed["fast"] >= 3  # every 0.1 s, while "slow" has not returned once
+    assert cat.renewed["slow"] == 0
+    started = time.monotonic()
+    renewals.remove("fast")
+    assert time.monotonic() - started < 0.5
+    done = threading.Thread(target=renewals.remove, args=("slow",))
+    done.start()
+    done.join(0.3)
+    assert done.is_alive()  # waits for the renewal under way: none is sent after the unlock
+    stall.set()
+    done.join(5)
+    assert not done.is_alive() and cat.renewed["slow"] == 1

@@ -148,3 +148,17 @@ def test_a_commit_leaves_its_metadata_parsed(catalog, monkeypatch) -> None:
     assert len(table.metadata.snapshots) == 4
     assert real(table.io.new_input(table.metadata_location)) == table.metadata
     assert [r["id"] for r in table.scan().to_arrow().sort_by("id").to_pylist()] == list(range(40))
+
+
+def test_files_prepared_for_one_table_never_fit_another(catalog) -> None:
+    """Two new tables of one schema share schema and spec ids (0, 0): files written for one
+    live under its location and must not be committed to the other."""
+    first = catalog.create_table("db.first", schema=SCHEMA)
+    second = catalog.create_table("db.second", schema=SCHEMA)
+    prepared = iceberg_tx.write_data_files(first, _rows(0))
+    assert iceberg_tx.fits(first, prepared) and not iceberg_tx.fits(second, prepared)
+    iceberg_tx.append_files(first, prepared, {"c": "0"})
+    assert prepared.used
+    assert [r["id"] for r in catalog.load_table("db.first").scan().to_arrow().to_pylist()] == list(
+        range(10)
+    )
