@@ -108,13 +108,18 @@ def test_a_statement_over_several_tables_pins_them_from_the_cached_descriptions(
         assert _rows(client.uri, sql) == [(10,)]
         described: list[tuple[str, Any]] = []
         catalog = server.core.catalog
-        real = catalog.describe
+        real, real_at = catalog.describe, catalog.describe_at
 
         def counted(name: str, version: Any = None, as_of: Any = None) -> Any:
             described.append((name, version))
             return real(name, version, as_of)
 
+        def counted_at(name: str, table_id: int, version: int) -> Any:
+            described.append((name, version))  # how versions are pinned (one statement)
+            return real_at(name, table_id, version)
+
         monkeypatch.setattr(catalog, "describe", counted)
+        monkeypatch.setattr(catalog, "describe_at", counted_at)
         assert _rows(client.uri, sql) == [(10,)]
         assert described == []
         duckdb.connect().execute(
