@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import adbc_driver_flightsql.dbapi as flightsql
+import duckdb
 import psycopg
 import pytest
 
@@ -244,3 +245,51 @@ def test_column_sets_of_a_version_share_one_plan(
         (int(native["id"].max()), str(native["region"].min()))
     ]
     assert planned == [("id", "region")]
+
+
+def test_filters_of_a_small_version_share_one_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each filter put on a small table version (a few files in place) reads the version's one
+    plan: pruning so few files saves less than planning again (the statement still applies its
+    filter: rows equal DuckDB's over the same file). A filter that prunes a source still plans
+    the table for itself, and its statements read only the source left."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flight_gateway.faces.flightsql import relations
+
+    filters: list[str | None] = []
+    real = relations.plan_table
+
+    def counted(reads: Any, snap: Any, columns: Any, flt: Any, *a: Any, **k: Any) -> Any:
+        filters.append(flt)
+        return real(reads, snap, columns, flt, *a, **k)
+
+    monkeypatch.setattr(relations, "plan_table", counted)
+    for region in ("r0", "r1"):
+        ids = range(0, 500) if region == "r0" else range(500, 1000)
+        pq.write_table(pa.table({"id": list(ids), "region": [region] * len(ids)}),
+                       tmp_path / f"{region}.parquet")  # fmt: skip
+    reach = {"paths": [str(tmp_path)]}
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", reach=reach) as (server, _):
+        client = client_for(server)
+        client.create_table("t", COLUMNS, partition_by=["region"])
+        for region in ("r0", "r1"):
+            client.add_source("t", region, "files", partition={"region": region},
+                              config={"root": str(tmp_path)},
+                              state={"files": [f"{region}.parquet"]})  # fmt: skip
+        oracle = duckdb.connect()
+        every = f"read_parquet('{tmp_path}/r*.parquet')"
+        for sql in ("SELECT count(*) FROM t WHERE id < 100",
+                    "SELECT count(*) FROM t WHERE id BETWEEN 250 AND 750",
+                    "SELECT max(id) FROM t WHERE id % 7 = 3"):  # fmt: skip
+            expected = oracle.execute(sql.replace("FROM t", f"FROM {every}")).fetchall()
+            assert _rows(client.uri, sql) == expected
+        assert filters == ["(id < 100)", None]  # the first filter, then the version's one plan
+        filters.clear()
+        assert _rows(client.uri, "SELECT count(*), min(id) FROM t WHERE region = 'r1'") == [
+            (500, 500)
+        ]
+        assert filters == ["(region = 'r1')"]
+        client.close()

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from flight_gateway.catalog import TableSnapshot
 from flight_gateway.core.read.plain import plan_sources
-from flight_gateway.core.read.shape import arrow_schema, column_specs, resolve
+from flight_gateway.core.read.shape import arrow_schema, candidate_sources, column_specs, resolve
 from flight_gateway.protocol import ReadRequest
 from flight_gateway.protocol.errors import InvalidArgument
 from planners.execute import execute
@@ -62,6 +62,11 @@ class TableRelation:
         """Some source is read from its server or as a stream (not as Parquet in place)."""
         return any(not isinstance(p.scan, ParquetScan) for p in self.parts)
 
+    @property
+    def file_count(self) -> int:
+        """How many files the engine scans in place or as slices for it."""
+        return sum(len(p.scan.files) for p in self.parts if isinstance(p.scan, ParquetScan))
+
     def report(self) -> dict[str, Any]:
         return {
             "table": self.table,
@@ -92,6 +97,16 @@ def _accepted(snap: TableSnapshot, conjuncts: Sequence[str]) -> list[str]:
             continue
         out.append(c)
     return out
+
+
+def prunes_sources(snap: TableSnapshot, filter_text: str) -> bool:
+    """Whether ``filter_text`` rules out a source of ``snap`` by its partition values."""
+    try:
+        shape = resolve(snap, None, filter_text)
+    except InvalidArgument:
+        return False
+    left = candidate_sources(snap, ReadRequest(table=snap.table), shape.predicate)
+    return len(left) < len(snap.sources)
 
 
 def combined_filter(snap: TableSnapshot, filters: Sequence[Sequence[str]]) -> str | None:
