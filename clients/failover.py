@@ -66,12 +66,24 @@ def never_sent(exc: BaseException) -> bool:
 class Replicas:
     """The gateway addresses a client may use, the first one preferred until it fails."""
 
-    def __init__(self, uris: Sequence[str], window_s: float, busy_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        uris: Sequence[str],
+        window_s: float,
+        busy_s: float = 0.0,
+        served_s: float = 1.0,
+        renewals: int = 10,
+    ) -> None:
         if not uris:
             raise ValueError("at least one gateway address is needed")
         self.uris = list(dict.fromkeys(uris))
         self.window_s = window_s  # how long to keep trying across replicas
         self.busy_s = busy_s  # how long to keep retrying a call refused as busy
+        #: A call cut after a replica served it this long starts the window again, at most
+        #: ``renewals`` times: a replica was up meanwhile, and under rolling restarts or a
+        #: replica killed every 20 s a read longer than that was cut on each replica it
+        #: reached and given up (the failover bench: 5-11 reads a run).
+        self.served_s, self.renewals = served_s, renewals
         self._current = 0
         self._lock = threading.Lock()
 
@@ -91,16 +103,19 @@ class Replicas:
         for up to ``window_s`` after the first one (a replica that restarts meanwhile is tried
         again): a long read cut when its replica died is sent again however long it ran (from
         the call's start, a read that took longer than the window was never repeated: the
-        failover bench lost reads that way). With ``unsent_only`` (a call that is not safe to
-        repeat) only after failures to connect."""
+        failover bench lost reads that way), and a call cut after a replica served it for
+        ``served_s`` has the window again (``renewals`` times). With ``unsent_only`` (a call
+        that is not safe to repeat) only after failures to connect."""
         retryable = never_sent if unsent_only else is_transport_failure
         deadline: float | None = None
+        renewed = 0
         busy_until = time.monotonic() + self.busy_s
         pause, busy_pause = 0.05, 0.02
         while True:
             order = list(dict.fromkeys([*prefer, self.current, *self.uris]))
             busy = False
             for uri in order:
+                began = time.monotonic()
                 try:
                     return call(uri)
                 except Exception as e:
@@ -108,8 +123,11 @@ class Replicas:
                         busy = True
                         break
                     now = time.monotonic()
+                    served = now - began >= self.served_s and not never_sent(e)
                     if deadline is None:
                         deadline = now + self.window_s
+                    elif served and renewed < self.renewals and retryable(e):
+                        deadline, renewed = now + self.window_s, renewed + 1
                     if not retryable(e) or now >= deadline:
                         raise
                     log.info("gateway %s unreachable (%s); trying another replica", uri, e)

@@ -53,3 +53,36 @@ def test_without_a_window_the_first_failure_is_raised() -> None:
     with pytest.raises(fl.FlightUnavailableError):
         replicas.run(call)
     assert calls == ["grpc://a:1"]
+
+
+def test_a_call_cut_again_after_it_was_served_gets_a_new_window() -> None:
+    """A long read cut each time its replica dies (replicas killed more often than the read
+    takes) is sent again as long as a replica served it for a while before each cut: the window
+    bounds the time no replica answers, not the read's length."""
+    replicas = Replicas(["grpc://a:1", "grpc://b:1"], window_s=0.3, served_s=0.1)
+    calls: list[str] = []
+
+    def call(uri: str) -> str:
+        calls.append(uri)
+        if len(calls) <= 3:
+            time.sleep(0.25)  # served for a while, then its replica died
+            raise fl.FlightUnavailableError(CUT)
+        return uri
+
+    assert replicas.run(call) == "grpc://b:1"
+    assert len(calls) == 4
+
+
+def test_cuts_renew_the_window_a_bounded_number_of_times() -> None:
+    """A call that every replica it reaches dies under is not sent again for ever."""
+    replicas = Replicas(["grpc://a:1", "grpc://b:1"], window_s=0.05, served_s=0.01, renewals=3)
+    calls: list[str] = []
+
+    def call(uri: str) -> str:
+        calls.append(uri)
+        time.sleep(0.03)
+        raise fl.FlightUnavailableError(CUT)
+
+    with pytest.raises(fl.FlightUnavailableError):
+        replicas.run(call)
+    assert 4 <= len(calls) <= 8
