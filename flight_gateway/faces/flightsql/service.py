@@ -295,7 +295,7 @@ class FlightSqlService:
         hit = self.relations.peek(key)
         if hit is not None:
             return hit
-        whole = self._small(snap, flt)
+        whole = self._small(snap, flt) if flt is not None else None
         if whole is None:
             whole = self._relation(snap, None, flt)
             if whole.hot:
@@ -309,8 +309,8 @@ class FlightSqlService:
     def _small(self, snap: Any, flt: str | None) -> relations.TableRelation | None:
         """``snap``'s relation over all its rows when it lists at most
         ``SMALL_RELATION_FILES`` files, all read in place or as slices, for a statement with
-        filter ``flt``: planned here when ``flt`` is None, else only when planned before and
-        ``flt`` prunes none of the table's sources. A filter only prunes sources and files
+        filter ``flt``: planned here when ``flt`` is None (a filter that pruned nothing),
+        else only when planned before and ``flt`` prunes none of the table's sources. A filter only prunes sources and files
         (the statement applies its own, DuckDB skips row groups by their statistics):
         pruning so few files saves less than planning the table again."""
         if flt is not None and (
