@@ -293,3 +293,42 @@ def test_filters_of_a_small_version_share_one_plan(
         ]
         assert filters == ["(region = 'r1')"]
         client.close()
+
+
+def test_the_new_tables_of_a_statement_are_planned_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tables a statement reads that were not planned before at their versions are planned
+    side by side (``PLAN_THREADS``): each plan below waits until the other one has started,
+    which a plan after the other never sees. The rows are DuckDB's on the same files."""
+    import threading
+
+    from flight_gateway.faces.flightsql import relations
+
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}") as (server, _):
+        client = client_for(server)
+        for t, n in (("a", 10), ("b", 7)):
+            (tmp_path / t).mkdir()
+            duckdb.connect().execute(
+                f"COPY (SELECT i::BIGINT AS id, 'r' || (i % 2) AS region FROM range({n}) t(i)) "
+                f"TO '{tmp_path / t / '0.parquet'}'"
+            )
+            client.create_table(t, COLUMNS)
+            client.add_source(t, "f", "files", config={"root": str(tmp_path / t)},
+                              state={"files": ["0.parquet"]})  # fmt: skip
+        both = threading.Barrier(2, timeout=10)
+        real = relations.plan_table
+
+        def side_by_side(*args: Any, **kwargs: Any) -> Any:
+            both.wait()  # BrokenBarrierError after 10 s when planned one after the other
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(relations, "plan_table", side_by_side)
+        sql = "SELECT a.region, count(*) FROM a JOIN b ON a.id = b.id GROUP BY a.region"
+        got = _rows(client.uri, sql)
+        expected = duckdb.sql(
+            f"SELECT a.region, count(*) FROM '{tmp_path / 'a' / '0.parquet'}' a "
+            f"JOIN '{tmp_path / 'b' / '0.parquet'}' b ON a.id = b.id GROUP BY a.region"
+        ).fetchall()
+        assert got == sorted(expected)
+        client.close()

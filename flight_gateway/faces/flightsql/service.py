@@ -13,9 +13,12 @@ DoPut, ``CommandPreparedStatementQuery``), ``CommandGetSqlInfo``, ``CommandGetCa
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +70,9 @@ EARLY_SCHEMA_WAIT_S = 0.25
 #: TPC-DS queries at SF 0.01, first run at a version, ``bench_tpch_sql``): 73 relations
 #: planned for 24 tables, one per filter, then 30; the run 4.14 s -> 3.96 s (best of 3 each).
 SMALL_RELATION_FILES = 8
+#: Tables of one statement planned at once when none was planned before at its version
+#: (``FlightSqlService._planned_all``).
+PLAN_THREADS = 4
 #: Bound parameters are one row: more than this decoded is RESOURCE_EXHAUSTED.
 MAX_PARAMETER_BYTES = 1 << 20
 SQL_INFO: dict[int, str | bool | int] = {
@@ -88,6 +94,11 @@ def early_key(handle: dict[str, Any]) -> tuple[Any, ...]:
     (the sealed ticket of a prepared statement is made after it started)."""
     return (handle["sql"], tuple(handle["pins"]), tuple(handle.get("ids") or ()),
             tuple(handle.get("schemas") or ()), handle["who"])  # fmt: skip
+
+
+def _narrowed_key(snap: Any, cols: Sequence[str], flt: str | None) -> tuple[Any, ...]:
+    """A pinned table's relation narrowed to a statement's columns and filter (``plans``)."""
+    return (snap.table_id, snap.version, tuple(cols), flt, "narrowed")
 
 
 def _files_listed(rel: relations.TableRelation) -> int:
@@ -153,6 +164,7 @@ class FlightSqlService:
         )
         self.results = plans.Results(self.limits.result_cache_mb << 20)
         self.early = early.EarlyStarts(self.limits.early_start_s)
+        self._planner: ThreadPoolExecutor | None = None  # made on first use
 
     @staticmethod
     def claim(data: bytes) -> Any | None:
@@ -200,10 +212,18 @@ class FlightSqlService:
             raise InvalidArgument("the statement has parameters: prepare it and bind them")
         return self._parsed(sql, tree, keep=not params)
 
-    def _parsed(self, sql: str, tree: Any, keep: bool) -> tuple[str, Named]:
-        """``_parse``'s answer from ``sql``'s tree (parameters bound), kept when ``keep``."""
-        named = tuple((r.table, r.version, r.as_of) for r in query.table_refs(tree))
-        out = (tree.sql(query.DIALECT), named)
+    def _parsed(
+        self, sql: str, tree: Any, keep: bool, refs: list[query.TableRef] | None = None
+    ) -> tuple[str, Named]:
+        """``_parse``'s answer from ``sql``'s tree (parameters bound), kept when ``keep``
+        (``refs``: the tree's ``query.table_refs`` when the caller has them). A statement
+        without parameters keeps its own text as its handle's SQL: parsing that text again
+        gives the same tree, and generating it anew cost ~2 ms of a new statement's
+        planning (of a TPC-DS query's ~12 ms). One with parameters bound carries their
+        values: its tree is written out."""
+        refs = query.table_refs(tree) if refs is None else refs
+        named = tuple((r.table, r.version, r.as_of) for r in refs)
+        out = (sql if keep else tree.sql(query.DIALECT), named)
         if keep:
             self.parsed.add(sql, out)
         self.trees.add(out[0], tree)
@@ -238,9 +258,10 @@ class FlightSqlService:
                 who.require("read", ref.table)
         for ref, version in zip(refs, handle["pins"], strict=True):
             ref.version, ref.as_of = int(version), None
-        snaps = self.reads.snapshots(
-            [(r.table, r.version, None, i) for r, i in zip(refs, ids, strict=True)]
-        )
+        if snaps is None:  # else pinned just now by the caller, in the same order
+            snaps = self.reads.snapshots(
+                [(r.table, r.version, None, i) for r, i in zip(refs, ids, strict=True)]
+            )
         schemas = {
             r.alias: {f.name for f in s.schema.fields} for r, s in zip(refs, snaps, strict=True)
         }
@@ -264,25 +285,56 @@ class FlightSqlService:
         for i, snap in enumerate(snaps):
             groups.setdefault((snap.table_id, snap.version), []).append(i)
         relation_of = [0] * len(refs)
-        rels, again = [], []
+        wanted: list[tuple[Any, list[str], str | None]] = []  # (snap, columns, filter)
+        again = []
         for n, members in enumerate(groups.values()):
             snap = snaps[members[0]]
             names = [f.name for f in snap.schema.fields]
-            wanted = [refs[i].columns for i in members]
-            if any(w is None for w in wanted):
+            columns = [refs[i].columns for i in members]
+            if any(c is None for c in columns):
                 cols = names
             else:
-                used = set().union(*[w for w in wanted if w is not None])
+                used = set().union(*[c for c in columns if c is not None])
                 cols = [c for c in names if c in used] or names[:1]  # one, so row counts hold
             flt = relations.combined_filter(snap, [refs[i].filters for i in members])
-            if plan:
-                rels.append(self._planned(snap, cols, flt))
-            else:
-                rels.append(relations.empty_relation(snap, cols))
+            wanted.append((snap, cols, flt))
             again.append(len(members) > 1 or query.reads_more_than_once(tree))
             for i in members:
                 relation_of[i] = n
+        if plan:
+            rels = self._planned_all(wanted)
+        else:
+            rels = [relations.empty_relation(snap, cols) for snap, cols, _ in wanted]
         return Statement(handle["sql"], tree, refs, relation_of, again), rels
+
+    def _planned_all(
+        self, wanted: list[tuple[Any, list[str], str | None]]
+    ) -> list[relations.TableRelation]:
+        """``_planned`` of each (snap, columns, filter); the tables not planned before at
+        their versions are planned at once, each on a thread of its own (``PLAN_THREADS``):
+        a table's kinds wait on their servers and libraries (a PostgreSQL read sliced, a
+        DuckLake layout, an Iceberg manifest list) more than they hold the interpreter."""
+        new = [
+            i
+            for i, (snap, cols, flt) in enumerate(wanted)
+            if _narrowed_key(snap, cols, flt) not in self.relations
+        ]
+        if len(new) < 2:
+            return [self._planned(*w) for w in wanted]
+        if self._planner is None:
+            self._planner = ThreadPoolExecutor(PLAN_THREADS, thread_name_prefix="sql-plan")
+        futures = {
+            i: self._planner.submit(
+                contextvars.copy_context().run, functools.partial(self._planned, *wanted[i])
+            )
+            for i in new
+        }
+        done = [f.exception() for f in futures.values()]  # every one ended before any raises
+        for error in done:
+            if error is not None:
+                raise error
+        return [futures[i].result() if i in futures else self._planned(*w)
+                for i, w in enumerate(wanted)]  # fmt: skip
 
     def _planned(self, snap: Any, cols: list[str], flt: str | None) -> relations.TableRelation:
         """``cols`` of ``snap`` planned, once per pinned version (``plans``): the table's
@@ -291,7 +343,7 @@ class FlightSqlService:
         (TPC-DS's 99 statements plan 286 column sets of 73 such relations, 30 with small
         tables planned once). A table with a source still read from its server or as a
         stream (not sliced) is planned for ``cols`` alone: they decide what that source reads."""
-        key = (snap.table_id, snap.version, tuple(cols), flt, "narrowed")
+        key = _narrowed_key(snap, cols, flt)
         hit = self.relations.peek(key)
         if hit is not None:
             return hit
@@ -542,6 +594,8 @@ class FlightSqlService:
     def close(self) -> None:
         self.early.abandon_all()
         self.workers.close()
+        if self._planner is not None:
+            self._planner.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ Flight calls
 
@@ -738,11 +792,12 @@ class FlightSqlService:
         tree = None
         if cached is None:
             tree = query.parse(sql)
-            tables = [ref.table for ref in query.table_refs(tree)]
+            refs = query.table_refs(tree)
+            tables = [ref.table for ref in refs]
             count = query.parameter_count(tree)
             if not count:
                 self.parsed.add(("prepare", sql), ("", tuple((t, None, None) for t in tables)))
-                self._parsed(sql, tree, keep=True)  # the statement's own: not parsed again
+                self._parsed(sql, tree, keep=True, refs=refs)  # its own: not parsed again
         else:
             tables, count = [table for table, _, _ in cached[1]], 0
         for table in tables:
