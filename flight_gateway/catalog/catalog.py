@@ -141,6 +141,12 @@ class Catalog:
         """The commit ids of ``commit_ids`` that were applied, with the versions they produced."""
         return queries.find_commits(self._fast or self.engine, name, commit_ids)
 
+    def head_with_commits(
+        self, name: str, commit_ids: Sequence[str]
+    ) -> tuple[TableHead, dict[str, int]]:
+        """``head(name)`` and ``find_commits(name, commit_ids)`` in one read."""
+        return queries.head_with_commits(self._fast or self.engine, name, commit_ids)
+
     def now(self) -> float:
         """The catalog database's clock (the clock of commit times), epoch seconds: one
         statement on Postgres, none on SQLite (whose commit times are this machine's clock).

@@ -133,11 +133,21 @@ def find_commit(engine: Engine, name: str, commit_id: str) -> int | None:
 
 def find_commits(engine: Engine, name: str, commit_ids: Sequence[str]) -> dict[str, int]:
     """``find_commit`` of several commit ids in one statement (like ``heads``): the ids
-    applied, with their versions. Every DoPut asks this before its lease and under it."""
+    applied, with their versions."""
+    return head_with_commits(engine, name, commit_ids)[1]
+
+
+def head_with_commits(
+    engine: Engine, name: str, commit_ids: Sequence[str]
+) -> tuple[TableHead, dict[str, int]]:
+    """``head`` and ``find_commits`` in one statement, one consistent read: every DoPut asks
+    both before its lease and under it (each a round trip to the catalog's server, ~15 ms
+    under 64 readers and 16 writers on 2 cores)."""
     wanted = list(dict.fromkeys(commit_ids))
     mark = _MARKS[engine.dialect.paramstyle]
     sql = (
-        f"SELECT t.id, v.commit_id, v.version FROM {tables.name} t"
+        f"SELECT t.id, t.current_version, t.min_version, v.commit_id, v.version"
+        f" FROM {tables.name} t"
         f" LEFT JOIN {versions.name} v ON v.table_id = t.id"
         f" AND v.commit_id IN ({', '.join([mark] * len(wanted)) or 'NULL'})"
         f" WHERE t.name = {mark}"
@@ -145,7 +155,9 @@ def find_commits(engine: Engine, name: str, commit_ids: Sequence[str]) -> dict[s
     rows = one_statement(engine, sql, (*wanted, name))
     if not rows:
         raise NotFound(f"table {name!r} does not exist")
-    return {str(r[1]): int(r[2]) for r in rows if r[1] is not None}
+    first = rows[0]
+    head = TableHead(int(first[0]), int(first[1]), int(first[2]), None)
+    return head, {str(r[3]): int(r[4]) for r in rows if r[3] is not None}
 
 
 def head(engine: Engine, name: str, as_of: float | None = None) -> TableHead:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from flight_gateway.catalog import Catalog, TableSnapshot
 
@@ -45,3 +46,14 @@ class Snapshots:
         """The table's latest version, as ``catalog.describe(table)`` reads it."""
         head = self._catalog.head(table)
         return self.at(table, head.current_version, head.table_id)
+
+    def latest_unless_done(
+        self, table: str, commit_ids: Sequence[str]
+    ) -> tuple[TableSnapshot | None, dict[str, int]]:
+        """Which of ``commit_ids`` were applied (with their versions) and, unless all were,
+        the table's latest version: a writer's first question and its next, with the head
+        read in the same statement as the commits."""
+        head, done = self._catalog.head_with_commits(table, commit_ids)
+        if all(c in done for c in commit_ids):
+            return None, done
+        return self.at(table, head.current_version, head.table_id), done

@@ -76,3 +76,13 @@ def test_find_commits_in_one_statement(catalog: Catalog) -> None:
     with pytest.raises(NotFound, match="does not exist"):
         catalog.find_commits("missing", ["w3"])
     assert [c.version for c in catalog.history("t") if c.commit_id == "w3"] == [want["w3"]]
+
+
+def test_head_with_commits_is_head_and_find_commits_in_one_read(catalog: Catalog) -> None:
+    _history(catalog)
+    head, done = catalog.head_with_commits("t", ["w3", "nope", "rm", "w3"])
+    assert head == catalog.head("t")
+    assert done == catalog.find_commits("t", ["w3", "nope", "rm"])
+    assert catalog.head_with_commits("t", []) == (head, {})
+    with pytest.raises(NotFound, match="does not exist"):
+        catalog.head_with_commits("missing", ["w3"])

@@ -313,14 +313,15 @@ def _apply_group(
         DOPUT_GROUP_SIZE.observe(len(uploads))
         with tracing.span("recheck", table=table, uploads=len(uploads)):
             # Another try of a commit may have finished meanwhile; states fresh under the lock.
-            done = catalog.find_commits(table, [u.commit_id for u in uploads])
-            snap = gw.snapshots.latest(table)
+            latest, done = gw.snapshots.latest_unless_done(table, [u.commit_id for u in uploads])
         states: dict[str, Any] = {}
         outcomes: list[dict[str, Any] | BaseException] = []
         for upload in uploads:
             if upload.commit_id in done:  # also a second try of an id earlier in this group
                 outcomes.append(_not_applied(done[upload.commit_id]))
                 continue
+            snap = latest
+            assert snap is not None  # read unless every upload of the group was done
             try:
                 outcome = _put_one(upload, snap, grant.lock_id, states)
             except LockExpired as e:  # the lease is gone: nothing more commits under it
@@ -373,12 +374,11 @@ def do_put(
     gw: Gateway, who: Principal, command: Mapping[str, Any], data: pa.Table
 ) -> dict[str, Any]:
     table, commit_id, source = authorize(who, command)
-    catalog = gw.catalog
     with tracing.span("describe", table=table):
-        done = catalog.find_commit(table, commit_id)
-        if done is not None:
-            return _not_applied(done)
-        snap = gw.snapshots.latest(table)
+        latest, done = gw.snapshots.latest_unless_done(table, [commit_id])
+    if latest is None:
+        return _not_applied(done[commit_id])
+    snap = latest
     merge = mode(command) == "merge"
     with tracing.span("validate", table=table, rows=data.num_rows):
         rows = with_ops(snap, data, _validate) if merge else _validate(snap, data)
