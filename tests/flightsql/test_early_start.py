@@ -242,3 +242,22 @@ def test_a_new_statement_failing_as_it_runs_fails_at_its_do_get(gateway: Any) ->
         _rows(raw, info)
     _wait(lambda: _running(gateway) == 0 and _idle_workers(gateway), 10)
     assert gateway.sql.early.waiting() == 0
+
+
+def test_a_gateways_first_statement_waits_for_its_worker_and_starts_early(
+    tmp_path: Path,
+) -> None:
+    """A client's first Flight SQL call starts the gateway's first worker (``warm``); a
+    statement sent before it is up waits for it and runs once, started at GetFlightInfo, instead
+    of being typed on it apart and run again by its DoGet."""
+    limits = {"sql_result_cache_mb": 0}
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", limits=limits) as (server, _):
+        client = client_for(server)
+        _numbers(client, tmp_path / "data", 1000)
+        raw = _raw(server)
+        assert server.sql.workers.started == 0
+        info = _info(raw, COUNT)  # the gateway's first Flight SQL call
+        assert _rows(raw, info) == [{"n": 1000}]
+        assert server.sql.early.counts["taken"] == 1
+        assert server.sql.workers.started == 1
+        client.close()
