@@ -205,6 +205,7 @@ class WorkerPool:
         benchmark of a version's first statements waits for it, as a client that connects
         before it sends its first statement finds it up: starting the process (~0.2 s) is the
         gateway's, once, not the version's."""
+        self.warm()  # started already by the client's first call, unless it made none
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while not self._idle and time.monotonic() < deadline:
