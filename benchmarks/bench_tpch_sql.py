@@ -5,7 +5,8 @@ the same rows. Every answer is compared to DuckDB's. Goal: total <= 2x DuckDB, Q
 same again with only kinds DuckDB scans as Parquet (files, Iceberg, Delta): the engine's own
 cost, without a database server to read from.
 
-The 99 TPC-DS queries at SF 0.01 over five kinds, on one connection, first and repeated run.
+The 99 TPC-DS queries at SF 0.01 over five kinds, on one connection, first and repeated run,
+and a run after every table was committed again (new versions, the statements seen before).
 Also a tiny statement's fixed cost (p50 / p99 on one connection, against DuckDB on the file
 and a plain Flight read), the Flight SQL caches' hit rates, and the memory of a streamed ``SELECT *`` over lineitem: the gateway's resident memory while
 a client reads and drops the batches, against the statement memory limit (goal: the rise stays
