@@ -40,6 +40,15 @@ def gateway(tmp_path: Path, pg_dsn: str) -> Iterator[tuple[Any, Any, str]]:
         client.close()
 
 
+def _files_table(client: Any, tmp_path: Path, name: str, rows: str) -> None:
+    """Table ``name`` over one Parquet file of DuckDB's ``rows`` in its own directory."""
+    (tmp_path / name).mkdir()
+    duckdb.connect().execute(f"COPY ({rows}) TO '{tmp_path / name / '0.parquet'}'")
+    client.create_table(name, COLUMNS)
+    client.add_source(name, "f", "files", config={"root": str(tmp_path / name)},
+                      state={"files": ["0.parquet"]})  # fmt: skip
+
+
 def _rows(uri: str, sql: str) -> list[tuple]:
     with flightsql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(sql)
@@ -97,14 +106,9 @@ def test_a_statement_over_several_tables_pins_them_from_the_cached_descriptions(
     with running_gateway(f"sqlite:///{tmp_path / 'c.db'}") as (server, _):
         client = client_for(server)
         for t in ("a", "b"):
-            (tmp_path / t).mkdir()
-            duckdb.connect().execute(
-                f"COPY (SELECT i::BIGINT AS id, 'r' AS region FROM range(10) t(i)) "
-                f"TO '{tmp_path / t / '0.parquet'}'"
+            _files_table(
+                client, tmp_path, t, "SELECT i::BIGINT AS id, 'r' AS region FROM range(10) t(i)"
             )
-            client.create_table(t, COLUMNS)
-            client.add_source(t, "f", "files", config={"root": str(tmp_path / t)},
-                              state={"files": ["0.parquet"]})  # fmt: skip
         sql = "SELECT count(*) FROM a JOIN b ON a.id = b.id"
         assert _rows(client.uri, sql) == [(10,)]
         described: list[tuple[str, Any]] = []
@@ -308,14 +312,8 @@ def test_the_new_tables_of_a_statement_are_planned_at_once(
     with running_gateway(f"sqlite:///{tmp_path / 'c.db'}") as (server, _):
         client = client_for(server)
         for t, n in (("a", 10), ("b", 7)):
-            (tmp_path / t).mkdir()
-            duckdb.connect().execute(
-                f"COPY (SELECT i::BIGINT AS id, 'r' || (i % 2) AS region FROM range({n}) t(i)) "
-                f"TO '{tmp_path / t / '0.parquet'}'"
-            )
-            client.create_table(t, COLUMNS)
-            client.add_source(t, "f", "files", config={"root": str(tmp_path / t)},
-                              state={"files": ["0.parquet"]})  # fmt: skip
+            rows = f"SELECT i::BIGINT AS id, 'r' || (i % 2) AS region FROM range({n}) t(i)"
+            _files_table(client, tmp_path, t, rows)
         both = threading.Barrier(2, timeout=10)
         real = relations.plan_table
 
