@@ -204,17 +204,21 @@ class Admin(Transport):
         rows: int | None = None,
         lock: HeldLock | None = None,
         read_version: int | None = None,
+        replaces: Sequence[str] | None = None,
     ) -> int:
         """Publish the files of a ``stage``-mode write in one commit (``relocation``: a
         compaction that rewrites rows and adds none; ``lock``: commit under a lock the caller
         holds on the source; ``read_version`` with ``overwrite``: the files replace what the
         source held at that version, what was added since stays, CONFLICT when what they
-        replace was replaced or deleted from since)."""
+        replace was replaced or deleted from since; ``replaces`` with ``read_version``: only
+        those of its files, as direct tasks name them, are replaced)."""
         body: dict[str, Any] = {"table": table, "write_id": write_id, "source": source}
         body.update({"paths": list(files), "overwrite": overwrite, "relocation": relocation})
         body["rows"] = rows
         if read_version is not None:
             body["read_version"] = read_version
+        if replaces is not None:
+            body["replaces"] = list(replaces)
         if lock is not None:
             body["lock_id"], body["fencing_token"] = lock.lock_id, lock.fencing_token
         return int(self.action("harness.commit_write", body)["version"])

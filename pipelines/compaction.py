@@ -1,26 +1,32 @@
 """Compaction without Spark: rewrite one source's rows as a few Parquet files in one harness
-commit, through the gateway's engine-write actions (any kind that adopts files; the Spark
-job is ``pipelines.spark_jobs.compact``).
+commit (``compact``), or only its small files as one (``bin_pack``), through the gateway's
+engine-write actions (any kind that adopts files; the Spark job is
+``pipelines.spark_jobs.compact``).
 
-The rows are read through the gateway at one pinned version, so row-level deletes (Iceberg
-position and equality deletes) are applied: the rewritten files hold no deleted row, and the
+``compact`` reads the rows through the gateway at one pinned version, so row-level deletes
+(Iceberg position and equality deletes) are applied: the rewritten files hold no deleted row, and the
 delete files no longer apply to anything (Iceberg applies an equality delete to data of a
 lower sequence number only). The commit is a relocation, so streaming readers do not see the
-rows again; readers pinned to older versions keep reading the old files. It is optimistic
-(DESIGN §18): writers to the source go on meanwhile and their rows stay.
+rows again; readers pinned to older versions keep reading the old files. ``bin_pack`` reads
+the small files itself with the gateway's direct tasks, which exist only where no delete
+applies. Both are optimistic (DESIGN §18): writers to the source go on meanwhile and their
+rows stay.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from clients import HarnessClient
+from clients.direct import run
+from flight_gateway.protocol.direct import DirectTask
 from flight_gateway.protocol.errors import Conflict
 from pipelines.mover import MoveResult
 
@@ -87,6 +93,92 @@ def rewrite_source(
         log.info("compacted %s/%s into %d files as version %d", table, source, len(written),
                  version)  # fmt: skip
         return MoveResult(version, rows)
+    raise AssertionError("unreachable")
+
+
+#: Bin-pack: files under this size are small, rewritten together (Iceberg's rewrite strategy
+#: of the same name; its default target is 512 MB, and files under 75 % of it are rewritten).
+SMALL_FILE_BYTES = 32 << 20
+#: Bin-pack: fewer small files than this are left as they are.
+MIN_SMALL_FILES = 5
+
+
+def _sizes(paths: Sequence[str]) -> list[int]:
+    """Each file's size (local paths or URIs), one listing call per filesystem."""
+    by_fs: dict[int, tuple[pafs.FileSystem, list[tuple[int, str]]]] = {}
+    for i, path in enumerate(paths):
+        fs, local = filesystem(path)
+        by_fs.setdefault(id(type(fs)), (fs, []))[1].append((i, local))
+    sizes = [0] * len(paths)
+    for fs, entries in by_fs.values():
+        for (i, _), info in zip(entries, fs.get_file_info([p for _, p in entries]), strict=True):
+            sizes[i] = int(info.size or 0)
+    return sizes
+
+
+def small_files(
+    client: HarnessClient, table: str, source: str, version: int, small_bytes: int
+) -> list[tuple[DirectTask, str]] | None:
+    """The files of ``source`` at ``version`` under ``small_bytes``, each with the direct task
+    that reads it (its columns, as the harness maps them); None when some of the source must
+    be read through the gateway (row deletes to apply, or direct tasks not allowed): then
+    only a whole rewrite (``compact``) applies them."""
+    info = client.flight_info(table, version=version, sources=[source], direct=True)
+    tasks = [client.direct_task(ep) for ep in info.endpoints]
+    if any(t is None or t.filter is not None for t in tasks):  # a filter would drop rows
+        return None
+    files = [(t, f) for t in tasks if t is not None for f in t.files]
+    sizes = _sizes([f for _, f in files])
+    return [tf for tf, size in zip(files, sizes, strict=True) if size < small_bytes]
+
+
+def bin_pack(
+    client: HarnessClient,
+    table: str,
+    source: str,
+    *,
+    small_bytes: int = SMALL_FILE_BYTES,
+    min_files: int = MIN_SMALL_FILES,
+    attempts: int = 5,
+) -> MoveResult | None:
+    """Rewrite the small files of ``source`` as one file (``harness.commit_write`` with
+    ``replaces``): the other files stay, so a run costs what writers added since the last one
+    rather than the whole source, and keeps up with them however large the source grows. None
+    when it has fewer than ``min_files`` small files. Optimistic like ``rewrite_source``:
+    CONFLICT (those files rewritten meanwhile) reads again. ValueError when the source must be
+    read through the gateway (``small_files``): compact it whole."""
+    for attempt in range(1, attempts + 1):
+        pinned = client.describe(table).version
+        small = small_files(client, table, source, pinned, small_bytes)
+        if small is None:
+            raise ValueError(f"source {source!r} has files only the gateway reads: compact it")
+        if len(small) < min_files:
+            return None
+        begun = client.begin_write(table, source)
+        if begun["mode"] != "stage":
+            raise ValueError(f"source {source!r} cannot be compacted: its kind adopts no files")
+        try:
+            data = pa.concat_tables([run(replace(t, files=(f,))) for t, f in small])
+            path = f"{begun['location'].rstrip('/')}/packed-{uuid.uuid4().hex}.parquet"
+            fs, local = filesystem(path)
+            with fs.open_output_stream(local) as out:
+                pq.write_table(_strict(data), out, store_decimal_as_integer=True)
+            version = client.commit_write(
+                table, begun["write_id"], [path], source=source, overwrite=True,
+                relocation=True, rows=data.num_rows, read_version=pinned,
+                replaces=[f for _, f in small],
+            )  # fmt: skip
+        except Conflict as e:
+            client.abort_write(table, begun["write_id"], source)
+            if attempt == attempts:
+                raise
+            log.info("bin-pack of %s/%s read version %d: %s; again", table, source, pinned, e)
+            continue
+        except BaseException:
+            client.abort_write(table, begun["write_id"], source)
+            raise
+        log.info("packed %d files of %s/%s as version %d", len(small), table, source, version)
+        return MoveResult(version, data.num_rows)
     raise AssertionError("unreachable")
 
 

@@ -329,15 +329,19 @@ class FilesKind(SourceKind):
         files: Sequence[str],
         *,
         commit_id: str,
+        only: Sequence[str] | None = None,
     ) -> dict[str, Any]:
-        """The new files in place of the ones listed at ``replaced``, and the files added since
-        after them. A retry (its files already listed) changes nothing."""
+        """The new files in place of the ones listed at ``replaced`` (``only``: those of them),
+        and the files added since after them. A retry (its files already listed) changes
+        nothing."""
         names = self._names(source, files)
         now = _file_list(source.name, source.state)
         listed = set(now)
         if names and all(n in listed for n in names):
             return dict(source.state)
         old = _file_list(source.name, replaced)
+        if only is not None:
+            old = self._named(source, old, only)
         gone = [f for f in old if f not in listed]
         if gone:
             raise Conflict(
@@ -346,6 +350,23 @@ class FilesKind(SourceKind):
             )
         old_set = set(old)
         return {**source.state, "files": names + [f for f in now if f not in old_set]}
+
+    def _named(self, source: SourceRef, listed: list[str], paths: Sequence[str]) -> list[str]:
+        """The entries of ``listed`` that ``paths`` name, as direct tasks name files (real
+        local paths, URIs) or as joined to the root."""
+        root = self.parse_config(source).root
+        _, joined, reals = _resolve(root, listed)
+        entry: dict[str, str] = {}
+        for name, path, uri in zip(listed, joined, _uris(root, joined, reals), strict=True):
+            entry.setdefault(path, name)
+            entry.setdefault(uri, name)
+        missing = [p for p in paths if p not in entry]
+        if missing:
+            raise InvalidArgument(
+                f"source {source.name!r}: {len(missing)} of the files to replace ({missing[0]!r}"
+                ", ...) were not listed at the version the rewrite read"
+            )
+        return list(dict.fromkeys(entry[p] for p in paths))
 
     def _names(self, source: SourceRef, files: Sequence[str]) -> list[str]:
         root = _require_root(source, self.parse_config(source))

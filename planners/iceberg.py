@@ -593,6 +593,7 @@ class IcebergKind(SourceKind):
         files: Sequence[str],
         *,
         commit_id: str,
+        only: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         from planners.iceberg_rewrite import rewrite
 
@@ -601,7 +602,7 @@ class IcebergKind(SourceKind):
         for snap in lineage_after(table, then)[0]:
             if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == commit_id:
                 return {**source.state, "snapshot_id": snap.snapshot_id}  # a retry
-        sid = rewrite(table, source.name, then, files, commit_id, lineage_after)
+        sid = rewrite(table, source.name, then, files, commit_id, lineage_after, only)
         return {**source.state, "snapshot_id": sid}
 
     def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:

@@ -43,6 +43,19 @@ def _data_files(table: Any, snapshot_id: int | None) -> list[Any]:
             for e in entries(table.io, m)]  # fmt: skip
 
 
+def _named(name: str, data_files: list[Any], paths: Sequence[str]) -> list[Any]:
+    """The data files at ``paths`` (a bin-pack rewrite replaces those only)."""
+    wanted = set(paths)
+    named = [f for f in data_files if f.file_path in wanted]
+    if len(named) != len(wanted):
+        missing = sorted(wanted - {f.file_path for f in named})
+        raise InvalidArgument(
+            f"source {name!r}: {len(missing)} of the files to replace ({missing[0]!r}, ...) were "
+            "not data files of the snapshot the rewrite read"
+        )
+    return named
+
+
 def rewrite(
     table: Any,
     name: str,
@@ -50,9 +63,11 @@ def rewrite(
     files: Sequence[str],
     commit_id: str,
     lineage_after: Any,
+    only: Sequence[str] | None = None,
 ) -> int | None:
-    """Commit ``files`` in place of the data files of snapshot ``replaced``; the new current
-    snapshot id. ``lineage_after(table, since)``: the snapshots after ``since``."""
+    """Commit ``files`` in place of the data files of snapshot ``replaced`` (``only``: those of
+    them at these paths); the new current snapshot id. ``lineage_after(table, since)``: the
+    snapshots after ``since``."""
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.table import TableProperties, _parquet_files_to_data_files
 
@@ -70,6 +85,8 @@ def rewrite(
         )
     props = {ops.SNAP_COMMIT_ID: commit_id, ops.SNAP_RELOCATION: "true"}
     old = _data_files(table, replaced)
+    if only is not None:
+        old = _named(name, old, only)
     try:
         with transaction(table) as tx:
             if tx.table_metadata.name_mapping() is None:  # as pyiceberg's add_files sets it

@@ -424,7 +424,9 @@ class RewritesFiles(Protocol):
     since (``source.state`` is the state now), without any lock held while the files were
     written. CONFLICT when something it replaces is no longer current (another rewrite, an
     overwrite, rows deleted since): the rewrite reads again, never the writer. Idempotent by
-    ``commit_id``."""
+    ``commit_id``. ``only`` (a bin-pack compaction): the files of ``replaced`` that ``files``
+    replace, as the kind's direct tasks name them; the others stay. INVALID_ARGUMENT when one
+    was not listed at ``replaced``."""
 
     def rewrite_files(
         self,
@@ -433,6 +435,7 @@ class RewritesFiles(Protocol):
         files: Sequence[str],
         *,
         commit_id: str,
+        only: Sequence[str] | None = None,
     ) -> dict[str, Any]: ...
 
 

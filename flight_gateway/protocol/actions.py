@@ -114,10 +114,12 @@ TABLE: tuple[Action, ...] = (
            (_TABLE, _opt("source", _STR))),
     Action("harness.commit_write",
            "publish an engine write: table, write_id, source?, paths, overwrite?, relocation?, "
-           "rows?, lock_id?, read_version? (a rewrite: replaces what that version held)",
+           "rows?, lock_id?, read_version? (a rewrite: replaces what that version held), "
+           "replaces? (a bin-pack rewrite: only these of its files)",
            (_TABLE, _req("write_id", _STR), _opt("source", _STR), _opt("paths", _LIST),
             _opt("overwrite", _BOOL), _opt("relocation", _BOOL), _opt("rows", _INT),
-            _opt("lock_id", _STR), _opt("fencing_token", _INT), _opt("read_version", _INT)),
+            _opt("lock_id", _STR), _opt("fencing_token", _INT), _opt("read_version", _INT),
+            _opt("replaces", _LIST)),
            idempotent=True),  # keyed by its write id
     Action("harness.abort_write", "discard an engine write's files: table, write_id, source?",
            (_TABLE, _req("write_id", _STR), _opt("source", _STR))),

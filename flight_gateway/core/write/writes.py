@@ -7,6 +7,7 @@ replaces the source's files; ``relocation`` marks a compaction, which adds no ro
 streaming readers). A compaction names the version it read (``read_version``): its files then
 replace only what the source held at that version, and what writers added since stays (DESIGN
 §18): it holds no lock while it reads and writes, only the commit's own lease of milliseconds.
+A bin-pack compaction names the files it replaces (``replaces``); the others stay too.
 ``abort_write`` removes the directory. For an ``Appendable`` source the engine uploads its rows
 with DoPut instead (mode ``upload``). Sources configs are resolved only here, never by clients.
 """
@@ -113,13 +114,37 @@ def _read_version(body: Mapping[str, Any]) -> int | None:
     return version
 
 
+def _replaces(body: Mapping[str, Any]) -> list[str] | None:
+    """The files a partial rewrite replaces (``replaces``), or None: all of them."""
+    replaces = body.get("replaces")
+    if replaces is None:
+        return None
+    if not isinstance(replaces, list) or not replaces:
+        raise InvalidArgument("'replaces' must list the files the rewrite replaces")
+    if not all(isinstance(p, str) and p for p in replaces):
+        raise InvalidArgument("'replaces' must list the files the rewrite replaces")
+    if body.get("read_version") is None:
+        raise InvalidArgument("'replaces' is for rewrites: it needs 'read_version'")
+    return list(dict.fromkeys(replaces))
+
+
 def _rewrite(
-    kind: AdoptsFiles, ref: Any, replaced: Mapping[str, Any], paths: list[str], commit_id: str
+    kind: AdoptsFiles,
+    ref: Any,
+    replaced: Mapping[str, Any],
+    paths: list[str],
+    commit_id: str,
+    only: list[str] | None,
 ) -> dict[str, Any]:
-    """DESIGN §18: the files replace what the source held at the version the rewrite read,
-    keeping what was added since; CONFLICT when what they replace is no longer current."""
+    """DESIGN §18: the files replace what the source held at the version the rewrite read
+    (``only``: those of its files), keeping what was added since; CONFLICT when what they
+    replace is no longer current."""
     if isinstance(kind, RewritesFiles):
-        return kind.rewrite_files(ref, replaced, paths, commit_id=commit_id)
+        if only is None:
+            return kind.rewrite_files(ref, replaced, paths, commit_id=commit_id)
+        return kind.rewrite_files(ref, replaced, paths, commit_id=commit_id, only=only)
+    if only is not None:
+        raise InvalidArgument(f"source {ref.name!r} ({ref.kind}) cannot replace some of its files")
     if dict(ref.state) != dict(replaced):  # a kind that cannot merge: nothing may come between
         raise Conflict(
             f"source {ref.name!r} changed since the rewrite read it: read the source again"
@@ -142,10 +167,10 @@ def _adopt(
     if outside:
         raise InvalidArgument(f"files {outside[:3]} are not in this write's location")
     commit_id = f"spark-write:{write_id}"
-    read_version = _read_version(body)
+    read_version, only = _read_version(body), _replaces(body)
     if read_version is not None:
         replaced = cat.describe(table, version=read_version).source(source).state
-        state = _rewrite(kind, ref, replaced, paths, commit_id)
+        state = _rewrite(kind, ref, replaced, paths, commit_id, only)
     else:
         state = kind.adopt_files(
             ref,
