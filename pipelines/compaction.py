@@ -103,7 +103,7 @@ SMALL_FILE_BYTES = 32 << 20
 MIN_SMALL_FILES = 5
 
 
-def _sizes(paths: Sequence[str]) -> list[int]:
+def file_sizes(paths: Sequence[str]) -> list[int]:
     """Each file's size (local paths or URIs), one listing call per filesystem."""
     by_fs: dict[int, tuple[pafs.FileSystem, list[tuple[int, str]]]] = {}
     for i, path in enumerate(paths):
@@ -128,7 +128,7 @@ def small_files(
     if any(t is None or t.filter is not None for t in tasks):  # a filter would drop rows
         return None
     files = [(t, f) for t in tasks if t is not None for f in t.files]
-    sizes = _sizes([f for _, f in files])
+    sizes = file_sizes([f for _, f in files])
     return [tf for tf, size in zip(files, sizes, strict=True) if size < small_bytes]
 
 

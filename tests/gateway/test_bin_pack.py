@@ -15,7 +15,7 @@ import pytest
 
 from clients import HarnessClient
 from flight_gateway.protocol.errors import Conflict, InvalidArgument
-from pipelines.compaction import _sizes, bin_pack, compact, filesystem, small_files
+from pipelines.compaction import bin_pack, compact, file_sizes, filesystem, small_files
 from tests.gateway.helpers import IcebergFixture
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ def source(request: pytest.FixtureRequest, client: HarnessClient, tmp_path: Path
 
 def test_bin_pack_rewrites_the_small_files_only(client: HarnessClient, source: Any) -> None:
     before = listed(client)
-    sizes = dict(zip(before, _sizes(before), strict=True))
+    sizes = dict(zip(before, file_sizes(before), strict=True))
     large = [f for f, size in sizes.items() if size >= SMALL]
     assert len(large) == 1 and len(before) == 5  # the setup is as the test needs it
     version = client.describe("t").version
