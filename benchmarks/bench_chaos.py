@@ -89,12 +89,11 @@ def _config(writers: int, readers: int) -> dict[str, Any]:
     64 streams by default) are raised to the load's size; a refusal left over is retried by
     the client (Busy). DoGet streams are read in two processes of their own (one per core,
     ``read_processes``): in the gateway's process the readers' Python held the interpreter
-    lock the writers' commits waited for. Their priority is the lowest (nice 19): writers
-    first, as the promise is (under nice 5 the readers' processes took the cores writers'
-    commits waited for: commit p99 4.7 s against 1.2 s, 2026-12-03)."""
+    lock the writers' commits waited for. They run at the default priority (nice 5): at 19
+    the writers' commit p99 fell from 4.7-7.2 s to 1.2-1.6 s, but readers starved (the last
+    fifth's read p50 2.6-3.0x a fresh gateway's; docs/operations.md, 2026-12-03)."""
     return {
         "read_processes": 2,
-        "read_processes_nice": 19,
         "limits": {
             "max_uploads_per_principal": writers,
             "max_concurrent_uploads": writers,
