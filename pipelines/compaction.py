@@ -19,6 +19,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -64,8 +65,26 @@ def rewrite_source(
     since stay. No lock is held while the rows are read and written, so writers never wait for
     it; when the source was rewritten or deleted from meanwhile (a CONFLICT) it reads again,
     up to ``attempts`` times. The staged files are removed if anything fails."""
+    result = _rewrite(client, table, source, write, attempts)
+    assert result is not None  # without ``pick`` there is always something to rewrite
+    return result
+
+
+def _rewrite(
+    client: HarnessClient,
+    table: str,
+    source: str,
+    write: Callable[[int, str], tuple[list[str], int]],
+    attempts: int,
+    pick: Callable[[int], list[str]] | None = None,
+) -> MoveResult | None:
+    """``rewrite_source``; ``pick(pinned version)``: the files the rewrite replaces
+    (``replaces``), the others staying; none picked: nothing is rewritten (None)."""
     for attempt in range(1, attempts + 1):
         pinned = client.describe(table).version
+        replaces = pick(pinned) if pick is not None else None
+        if replaces is not None and not replaces:
+            return None
         begun = client.begin_write(table, source)
         if begun["mode"] != "stage":
             raise ValueError(f"source {source!r} cannot be compacted: its kind adopts no files")
@@ -80,6 +99,7 @@ def rewrite_source(
                 relocation=True,
                 rows=rows,
                 read_version=pinned,
+                replaces=replaces,
             )
         except Conflict as e:
             client.abort_write(table, begun["write_id"], source)
@@ -90,12 +110,29 @@ def rewrite_source(
         except BaseException:
             client.abort_write(table, begun["write_id"], source)
             raise
-        log.info("compacted %s/%s into %d files as version %d", table, source, len(written),
-                 version)  # fmt: skip
+        log.info("compacted %s/%s (%s files) into %d files as version %d", table, source,
+                 "all" if replaces is None else len(replaces), len(written), version)  # fmt: skip
         return MoveResult(version, rows)
     raise AssertionError("unreachable")
 
 
+def _write_files(location: str, data: pa.Table, rows_per_file: int) -> list[str]:
+    """``data`` as Parquet files of up to ``rows_per_file`` rows under ``location``."""
+    data = _strict(data)
+    fs, root = filesystem(location)
+    written = []
+    for start in range(0, max(data.num_rows, 1), rows_per_file):
+        name = f"compacted-{uuid.uuid4().hex}.parquet"
+        with fs.open_output_stream(f"{root}/{name}") as out:
+            pq.write_table(
+                data.slice(start, rows_per_file), out, store_decimal_as_integer=True
+            )  # decimals as Spark, DuckDB and the files kind write them (planners.files)
+        written.append(f"{location.rstrip('/')}/{name}")
+    return written
+
+
+#: Rows per file a compaction writes.
+ROWS_PER_FILE = 4_000_000
 #: Bin-pack: files under this size are small, rewritten together (Iceberg's rewrite strategy
 #: of the same name; its default target is 512 MB, and files under 75 % of it are rewritten).
 SMALL_FILE_BYTES = 32 << 20
@@ -105,10 +142,11 @@ MIN_SMALL_FILES = 5
 
 def file_sizes(paths: Sequence[str]) -> list[int]:
     """Each file's size (local paths or URIs), one listing call per filesystem."""
-    by_fs: dict[int, tuple[pafs.FileSystem, list[tuple[int, str]]]] = {}
+    by_fs: dict[tuple[str, str], tuple[pafs.FileSystem, list[tuple[int, str]]]] = {}
     for i, path in enumerate(paths):
         fs, local = filesystem(path)
-        by_fs.setdefault(id(type(fs)), (fs, []))[1].append((i, local))
+        where = (fs.type_name, urlsplit(path).netloc)  # one bucket of one store, or local
+        by_fs.setdefault(where, (fs, []))[1].append((i, local))
     sizes = [0] * len(paths)
     for fs, entries in by_fs.values():
         for (i, _), info in zip(entries, fs.get_file_info([p for _, p in entries]), strict=True):
@@ -147,55 +185,32 @@ def bin_pack(
     when it has fewer than ``min_files`` small files. Optimistic like ``rewrite_source``:
     CONFLICT (those files rewritten meanwhile) reads again. ValueError when the source must be
     read through the gateway (``small_files``): compact it whole."""
-    for attempt in range(1, attempts + 1):
-        pinned = client.describe(table).version
+    chosen: list[tuple[DirectTask, str]] = []
+
+    def pick(pinned: int) -> list[str]:
         small = small_files(client, table, source, pinned, small_bytes)
         if small is None:
             raise ValueError(f"source {source!r} has files only the gateway reads: compact it")
-        if len(small) < min_files:
-            return None
-        begun = client.begin_write(table, source)
-        if begun["mode"] != "stage":
-            raise ValueError(f"source {source!r} cannot be compacted: its kind adopts no files")
-        try:
-            data = pa.concat_tables([run(replace(t, files=(f,))) for t, f in small])
-            path = f"{begun['location'].rstrip('/')}/packed-{uuid.uuid4().hex}.parquet"
-            fs, local = filesystem(path)
-            with fs.open_output_stream(local) as out:
-                pq.write_table(_strict(data), out, store_decimal_as_integer=True)
-            version = client.commit_write(
-                table, begun["write_id"], [path], source=source, overwrite=True,
-                relocation=True, rows=data.num_rows, read_version=pinned,
-                replaces=[f for _, f in small],
-            )  # fmt: skip
-        except Conflict as e:
-            client.abort_write(table, begun["write_id"], source)
-            if attempt == attempts:
-                raise
-            log.info("bin-pack of %s/%s read version %d: %s; again", table, source, pinned, e)
-            continue
-        except BaseException:
-            client.abort_write(table, begun["write_id"], source)
-            raise
-        log.info("packed %d files of %s/%s as version %d", len(small), table, source, version)
-        return MoveResult(version, data.num_rows)
-    raise AssertionError("unreachable")
+        chosen[:] = small if len(small) >= min_files else []
+        return [f for _, f in chosen]
+
+    def write(pinned: int, location: str) -> tuple[list[str], int]:
+        by_task: dict[int, tuple[DirectTask, list[str]]] = {}
+        for task, f in chosen:  # each task's small files in one read
+            by_task.setdefault(id(task), (task, []))[1].append(f)
+        data = pa.concat_tables(
+            [run(replace(t, files=tuple(files))) for t, files in by_task.values()]
+        )
+        return _write_files(location, data, ROWS_PER_FILE), data.num_rows
+
+    return _rewrite(client, table, source, write, attempts, pick)
 
 
 def compact(
-    client: HarnessClient, table: str, source: str, *, rows_per_file: int = 4_000_000
+    client: HarnessClient, table: str, source: str, *, rows_per_file: int = ROWS_PER_FILE
 ) -> MoveResult:
     def write(pinned: int, location: str) -> tuple[list[str], int]:
-        data = _strict(client.read(table, version=pinned, sources=[source]))
-        fs, root = filesystem(location)
-        written = []
-        for start in range(0, max(data.num_rows, 1), rows_per_file):
-            name = f"compacted-{uuid.uuid4().hex}.parquet"
-            with fs.open_output_stream(f"{root}/{name}") as out:
-                pq.write_table(
-                    data.slice(start, rows_per_file), out, store_decimal_as_integer=True
-                )  # decimals as Spark, DuckDB and the files kind write them (planners.files)
-            written.append(f"{location.rstrip('/')}/{name}")
-        return written, data.num_rows
+        data = client.read(table, version=pinned, sources=[source])
+        return _write_files(location, data, rows_per_file), data.num_rows
 
     return rewrite_source(client, table, source, write)

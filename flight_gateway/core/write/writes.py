@@ -119,9 +119,11 @@ def _replaces(body: Mapping[str, Any]) -> list[str] | None:
     replaces = body.get("replaces")
     if replaces is None:
         return None
-    if not isinstance(replaces, list) or not replaces:
-        raise InvalidArgument("'replaces' must list the files the rewrite replaces")
-    if not all(isinstance(p, str) and p for p in replaces):
+    if (
+        not isinstance(replaces, list)
+        or not replaces
+        or not all(isinstance(p, str) and p for p in replaces)
+    ):
         raise InvalidArgument("'replaces' must list the files the rewrite replaces")
     if body.get("read_version") is None:
         raise InvalidArgument("'replaces' is for rewrites: it needs 'read_version'")
