@@ -153,8 +153,8 @@ class FlightSqlService:
         self.parsed: plans.Lru[tuple[str, Named]] = plans.Lru("parsed", 4096, 4096)
         #: A statement's parsed tree by its text as handles carry it, read-only: the handle's
         #: first execution (or typing) reads it rather than parse the text again. Nothing
-        #: changes a tree after its parse (``query.rewrite`` changes a copy of its own), so
-        #: statements share it as they share ``prepared``'s.
+        #: changes a tree after its parse (``query.rewrite`` renames in its text, or changes
+        #: a copy of its own), so statements share it as they share ``prepared``'s.
         self.trees: plans.Lru[Any] = plans.Lru("trees", 256, 256)
         self.prepared: plans.Lru[tuple[Any, list[query.TableRef]]] = plans.Lru(
             "prepared", 1024, 1024
