@@ -155,7 +155,7 @@ class FlightSqlService:
         #: first execution (or typing) reads it rather than parse the text again. Nothing
         #: changes a tree after its parse (``query.rewrite`` renames in its text, or changes
         #: a copy of its own), so statements share it as they share ``prepared``'s.
-        self.trees: plans.Lru[Any] = plans.Lru("trees", 256, 256)
+        self.trees: plans.Lru[tuple[Any, list[query.TableRef]]] = plans.Lru("trees", 256, 256)
         self.prepared: plans.Lru[tuple[Any, list[query.TableRef]]] = plans.Lru(
             "prepared", 1024, 1024
         )
@@ -226,7 +226,7 @@ class FlightSqlService:
         out = (sql if keep else tree.sql(query.DIALECT), named)
         if keep:
             self.parsed.add(sql, out)
-        self.trees.add(out[0], tree)
+        self.trees.add(out[0], (tree, refs))
         return out
 
     def _prepare_reads(
@@ -251,8 +251,11 @@ class FlightSqlService:
                 pins = [(r.table, r.version, None, i) for r, i in zip(refs, ids, strict=True)]
                 return tree, refs, self.reads.snapshots(pins)
         parsed = self.trees.peek(handle["sql"])
-        tree = parsed if parsed is not None else query.parse(handle["sql"])
-        refs = query.table_refs(tree)
+        if parsed is not None:  # its references found by its parse: fresh copies to fill in
+            tree, refs = parsed[0], [query.fresh(r) for r in parsed[1]]
+        else:
+            tree = query.parse(handle["sql"])
+            refs = query.table_refs(tree)
         if who is not None:
             for ref in refs:
                 who.require("read", ref.table)
