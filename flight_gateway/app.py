@@ -40,19 +40,18 @@ def _install_scrub_filter() -> None:
             handler.addFilter(ScrubFilter())
 
 
-#: The youngest generation's threshold: collected every this many allocations (Python's is 700).
-GC_YOUNG = 20_000
 _collector_tuned = threading.Event()
 
 
 def _tune_collector() -> None:
-    """Python's cycle collector set for a server with a large heap, once per process: what
-    start-up made (modules, kinds warmed: ~220 k objects) frozen out of every collection, and
-    the youngest generation collected every ``GC_YOUNG`` allocations. A new statement's parse
-    trees and plans are allocations enough to collect often: over the 99 TPC-DS statements'
-    first run the gateway spent ~0.2 s in collections, one of them a full one of 160 ms over
-    start-up's objects; ~30 ms with this. ``HARNESS_GC_TUNING=0`` leaves the collector as
-    it is (an application running a gateway in its own process may tune it itself)."""
+    """What start-up made (modules, kinds warmed: ~220 k objects) frozen out of the cycle
+    collector's passes, once per process. Over the 99 TPC-DS statements' first run the
+    gateway spent ~0.2 s in collections, one of them a full one of 160 ms, mostly over
+    start-up's objects; ~90 ms with them frozen (~30 ms with the youngest generation also
+    collected 30 times less often, left as Python sets it: garbage in cycles, such as an
+    exception's frames holding Arrow buffers, would then stay longer under load).
+    ``HARNESS_GC_TUNING=0`` leaves the collector as it is (an application running a gateway
+    in its own process may tune it itself)."""
     if os.environ.get("HARNESS_GC_TUNING", "1").strip().lower() in ("0", "false", "no"):
         return
     if _collector_tuned.is_set():
@@ -60,8 +59,6 @@ def _tune_collector() -> None:
     _collector_tuned.set()
     gc.collect()  # garbage frozen would never be collected
     gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG, middle, old)
 
 
 class HarnessFlightServer:
