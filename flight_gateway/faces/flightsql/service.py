@@ -17,6 +17,7 @@ import contextvars
 import functools
 import json
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -165,6 +166,7 @@ class FlightSqlService:
         self.results = plans.Results(self.limits.result_cache_mb << 20)
         self.early = early.EarlyStarts(self.limits.early_start_s)
         self._planner: ThreadPoolExecutor | None = None  # made on first use
+        self._warmed = threading.Event()
 
     @staticmethod
     def claim(data: bytes) -> Any | None:
@@ -600,12 +602,20 @@ class FlightSqlService:
         if self._planner is not None:
             self._planner.shutdown(wait=False, cancel_futures=True)
 
+    def _warm(self) -> None:
+        """On the first Flight SQL call: a statement worker started, and what the process's
+        first statement would pay once for its parse and check made ahead (``query.warm``)."""
+        if not self._warmed.is_set():
+            self._warmed.set()
+            threading.Thread(target=query.warm, daemon=True, name="sql-warm").start()
+        self.workers.warm()
+
     # ------------------------------------------------------------------ Flight calls
 
     def get_flight_info(
         self, message: Any, descriptor: fl.FlightDescriptor, who: Principal
     ) -> fl.FlightInfo:
-        self.workers.warm()
+        self._warm()
         result, ticket = self._plan(message, who)
         endpoint = fl.FlightEndpoint(ticket, [])
         return fl.FlightInfo(
@@ -774,7 +784,7 @@ class FlightSqlService:
     # ------------------------------------------------------------------ actions and DoPut
 
     def do_action(self, action_type: str, body: bytes, who: Principal) -> list[bytes]:
-        self.workers.warm()
+        self._warm()
         if action_type == "CreatePreparedStatement":
             request = unpack(body)
             if not isinstance(request, pb.ActionCreatePreparedStatementRequest):
