@@ -115,8 +115,8 @@ def _failover(dsn: str, bootstrap: str, root: Path, quick: bool) -> Iterator[dic
         with HarnessClient(replicas[0].uri) as client:
             make_table(client, root / "failover", dsn, bootstrap)
             client.commit("t", properties={"retention.keep_last": 2000})  # as in ``_load``
-        load = Load([r.uri for r in replicas])
         uris = [r.uri for r in replicas]
+        load = Load(uris)
         with _maintained(url, uris, 8.0 if quick else 15.0) as maintenance:
             threads = load.run(writers, readers)
             started = time.monotonic()

@@ -40,7 +40,7 @@ def _install_scrub_filter() -> None:
             handler.addFilter(ScrubFilter())
 
 
-_collector_tuned = threading.Event()
+_collector_tuned = threading.Lock()
 
 
 def _tune_collector() -> None:
@@ -54,9 +54,8 @@ def _tune_collector() -> None:
     in its own process may tune it itself)."""
     if os.environ.get("HARNESS_GC_TUNING", "1").strip().lower() in ("0", "false", "no"):
         return
-    if _collector_tuned.is_set():
+    if not _collector_tuned.acquire(blocking=False):  # never released: once per process
         return
-    _collector_tuned.set()
     gc.collect()  # garbage frozen would never be collected
     gc.freeze()
 

@@ -13,8 +13,6 @@ ahead (the gateway calls it when it has DuckLake sources), so no read pays the s
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 import threading
 from typing import Any
 
@@ -36,24 +34,18 @@ def take(make: Any) -> Any:
 _warmed = False
 
 
-def warm(make: Any) -> None:
+def warm(make: Any, attach: str) -> None:
     """One database made ahead and kept idle, past the extensions' first-attach set-up, so
-    the process's first read of a lake does not pay it. Once per process. The lake attached
-    is an in-memory one with SQLite metadata, so nothing is written (its data path is never
-    created) and the SQLite scanner's set-up is paid too: over an in-memory DuckDB lake the
-    warm-up took ~0.12 s and the first attach of a SQLite-backed lake then ~0.1 s more (the
-    TPC-DS first run's first statement waited for it); over this one 0.17-0.21 s, then 3 ms.
-    A lake whose metadata is in PostgreSQL still pays that scanner's set-up on first use."""
+    the process's first read of a lake does not pay it. Once per process. ``attach``
+    attaches a lake as ``__warm`` (``DuckLakeKind.warm``: one that writes nothing)."""
     global _warmed
     with _lock:
         done, _warmed = _warmed or bool(_idle), True
     if done:
         return
     db = make()
-    nowhere = os.path.join(tempfile.gettempdir(), f"harness-ducklake-warm-{os.getpid()}", "")
-    nowhere = nowhere.replace("'", "''")
     try:
-        db.execute(f"ATTACH 'ducklake:sqlite::memory:' AS __warm (DATA_PATH '{nowhere}')")
+        db.execute(attach)
     except Exception:
         with contextlib.suppress(Exception):
             db.close()

@@ -166,7 +166,7 @@ class FlightSqlService:
         self.results = plans.Results(self.limits.result_cache_mb << 20)
         self.early = early.EarlyStarts(self.limits.early_start_s)
         self._planner: ThreadPoolExecutor | None = None  # made on first use
-        self._warmed = threading.Event()
+        self._warm_once = threading.Lock()
 
     @staticmethod
     def claim(data: bytes) -> Any | None:
@@ -605,8 +605,7 @@ class FlightSqlService:
     def _warm(self) -> None:
         """On the first Flight SQL call: a statement worker started, and what the process's
         first statement would pay once for its parse and check made ahead (``query.warm``)."""
-        if not self._warmed.is_set():
-            self._warmed.set()
+        if self._warm_once.acquire(blocking=False):  # never released: once per service
             threading.Thread(target=query.warm, daemon=True, name="sql-warm").start()
         self.workers.warm()
 
