@@ -355,10 +355,34 @@ def build(
     return plan
 
 
+# What may come before a statement's first keyword: whitespace and comments. A nested block
+# comment ends this early; the statement then starts with neither head and gets views.
+_LEAD = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.S)
+_HEAD = re.compile(r"(?:(WITH)\b|SELECT\b|\()", re.I)
+_RECURSIVE = re.compile(r"RECURSIVE\b", re.I)
+
+
+def _cte_insert(sql: str) -> tuple[int, bool] | None:
+    """Where the relations' common table expressions go in ``sql`` and whether the statement
+    has a ``WITH`` of its own there (then they are followed by a comma), or None when it
+    starts with neither ``WITH``, ``SELECT`` nor a parenthesis. Any case, after any
+    whitespace and comments: a ``select`` in lower case, or a statement after a comment, was
+    given views (the footers read twice: ~1.5x DuckDB on the TPC-DS statements)."""
+    at = _LEAD.match(sql).end()  # type: ignore[union-attr]  # matches the empty string
+    head = _HEAD.match(sql, at)
+    if head is None:
+        return None
+    if head.group(1) is None:
+        return at, False
+    after = _LEAD.match(sql, head.end()).end()  # type: ignore[union-attr]
+    recursive = _RECURSIVE.match(sql, after)
+    return (recursive.end() if recursive else head.end()), True
+
+
 def with_relations(plan: Plan, relations: Sequence[tuple[str, str]]) -> None:
     """The relations as common table expressions of the statement, inlined where they are
     read (``NOT MATERIALIZED``, as a view is); as views made before it runs for a statement
-    that cannot take a ``WITH`` in front (one that starts with a comment).
+    that cannot take a ``WITH`` in front (``_cte_insert``).
 
     Not views: ``CREATE VIEW`` binds its query, so DuckDB opened every file and read its
     footer once for the view and again for the statement. Over the plans of the 99 TPC-DS
@@ -369,15 +393,16 @@ def with_relations(plan: Plan, relations: Sequence[tuple[str, str]]) -> None:
         return
     ctes = ", ".join(f"{name} AS NOT MATERIALIZED ({query})" for name, query in relations)
     sql = plan.sql
-    for head in ("WITH RECURSIVE ", "WITH "):
-        if sql.startswith(head):  # the statement's own CTEs follow (they may read ours)
-            plan.sql = f"{head}{ctes}, {sql[len(head) :]}"
-            return
-    if sql.startswith(("SELECT ", "(")):
-        plan.sql = f"WITH {ctes} {sql}"
+    insert = _cte_insert(sql)
+    if insert is None:
+        for name, query in relations:
+            plan.steps.append({"sql": f"CREATE TEMP VIEW {name} AS {query}"})
         return
-    for name, query in relations:
-        plan.steps.append({"sql": f"CREATE TEMP VIEW {name} AS {query}"})
+    at, own = insert
+    if own:  # the statement's own CTEs follow (they may read ours)
+        plan.sql = f"{sql[:at]} {ctes}, {sql[at:]}"
+    else:
+        plan.sql = f"{sql[:at]}WITH {ctes} {sql[at:]}"
 
 
 def secrets_of(dsns: Sequence[str]) -> list[str]:
