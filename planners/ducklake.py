@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.errors import HarnessError, InvalidArgument, Unavailable
-from planners import ducklake_pool, locations
+from planners import ducklake_files, ducklake_pool, locations
 from planners.common import (
     DEFAULT_BATCH_ROWS,
     apply_residual,
@@ -46,7 +46,7 @@ from planners.kind import (
     SourceKind,
     SourceRef,
 )
-from planners.layout import FileLayout, LaidFile, as_uri
+from planners.layout import FileLayout
 from planners.predicates import quote_ident, to_sql
 from planners.sqltypes import sql_type
 
@@ -135,121 +135,10 @@ def _committed(con: Any, pinned: int | None, commit_id: str) -> int | None:
 def _files(con: Any, config: Mapping[str, Any], snap: int) -> list[str]:
     """The data and delete files DuckDB will open for the table at ``snap`` (the lake's
     metadata lists them; they may lie anywhere, not only under ``data_path``)."""
-    rows = con.execute(
-        "SELECT data_file, delete_file FROM ducklake_list_files('lake', ?, schema => ?, "
-        "snapshot_version => ?)",
-        [str(config.get("table")), str(config.get("schema", "main")), int(snap)],
-    ).fetchall()
-    return [f for row in rows for f in row if f]
-
-
-_META = "__ducklake_metadata_lake"  # DuckLake's own tables, for the lake attached as ``lake``
-_LIVE = "begin_snapshot <= $snap AND (end_snapshot IS NULL OR end_snapshot > $snap)"
-
-
-def _table_id(con: Any, config: Mapping[str, Any], snap: int) -> int | None:
-    row = con.execute(
-        f"SELECT t.table_id FROM {_META}.ducklake_table t JOIN {_META}.ducklake_schema s "
-        "ON s.schema_id = t.schema_id WHERE s.schema_name = $schema AND t.table_name = $table "
-        "AND s.begin_snapshot <= $snap AND (s.end_snapshot IS NULL OR s.end_snapshot > $snap) "
-        "AND t.begin_snapshot <= $snap AND (t.end_snapshot IS NULL OR t.end_snapshot > $snap)",
-        {"snap": snap, "schema": str(config.get("schema", "main")),
-         "table": str(config.get("table"))},
-    ).fetchone()  # fmt: skip
-    return None if row is None else int(row[0])
-
-
-def _why_not_in_place(con: Any, table_id: int, snap: int) -> str | None:
-    """Why the table's data files at ``snap`` are not exactly its rows, or None."""
-    # The snapshots' changes as DuckLake records them (``inlined_insert:<table id>`` among
-    # comma-separated entries), not ``lake.snapshots()``: that function cost ~20 ms of a
-    # layout's ~50. A table name holding such an entry reads as inlined: sliced, still right.
-    (inlined,) = con.execute(
-        f"SELECT count(*) FROM {_META}.ducklake_snapshot_changes WHERE snapshot_id <= $snap "
-        "AND list_has_any(string_split(changes_made, ','), "
-        "['inlined_insert:' || $t, 'inlined_delete:' || $t])",
-        {"t": str(table_id), "snap": snap},
-    ).fetchone()
-    if inlined:
-        return "rows or deletes were inlined in the metadata"
-    partitioned = con.execute(
-        f"SELECT count(*) FROM {_META}.ducklake_partition_info WHERE table_id = $t AND {_LIVE}",
-        {"t": table_id, "snap": snap},
-    ).fetchone()[0]
-    if partitioned:
-        return "partitioned"
-    defaults = con.execute(
-        f"SELECT count(*) FROM {_META}.ducklake_column WHERE table_id = $t AND {_LIVE} "
-        "AND initial_default IS NOT NULL",
-        {"t": table_id, "snap": snap},
-    ).fetchone()[0]
-    return "a column has a default older files read as" if defaults else None
-
-
-def _column_ids(con: Any, table_id: int, snap: int) -> tuple[dict[str, int], frozenset[int]]:
-    """Top-level column name -> DuckLake column id (the files' field id) at ``snap``, and
-    every column id the table ever had."""
-    live = con.execute(
-        f"SELECT column_name, column_id FROM {_META}.ducklake_column WHERE table_id = $t "
-        f"AND parent_column IS NULL AND {_LIVE}",
-        {"t": table_id, "snap": snap},
-    ).fetchall()
-    ever = con.execute(
-        f"SELECT DISTINCT column_id FROM {_META}.ducklake_column WHERE table_id = ?", [table_id]
-    ).fetchall()
-    return {str(n): int(i) for n, i in live}, frozenset(int(i) for (i,) in ever)
-
-
-def _rows(con: Any, at: str, table_id: int, snap: int) -> int:
-    """The table's row count at ``snap`` (no inlined rows nor deletes: ``_layout``). From
-    its data files' counts in the metadata (~2 ms) unless a file holds rows of later
-    snapshots too (``partial_max``): then DuckLake counts them (~45 ms, a scan of the
-    snapshot)."""
-    total, partial = con.execute(
-        f"SELECT sum(record_count), count(partial_max) FROM {_META}.ducklake_data_file "
-        f"WHERE table_id = $t AND {_LIVE}",
-        {"t": table_id, "snap": snap},
-    ).fetchone()
-    if partial:
-        (total,) = con.execute(f"SELECT count(*) FROM {at}").fetchone()
-    return int(total or 0)
-
-
-def _layout(con: Any, request: ScanRequest, snap: int) -> FileLayout | None:
-    config = request.source.config
-    table_id = _table_id(con, config, snap)
-    if table_id is None or _why_not_in_place(con, table_id, snap) is not None:
-        return None
-    listed = con.execute(
-        "SELECT data_file, data_file_size_bytes, delete_file FROM ducklake_list_files('lake', "
-        "?, schema => ?, snapshot_version => ?) ORDER BY data_file",
-        [str(config.get("table")), str(config.get("schema", "main")), snap],
-    ).fetchall()
-    if any(delete for _, _, delete in listed):
-        return None  # deletes as delete files: made a slice of instead
-    paths = [str(p) for p, _, _ in listed]
-    request.check_files("data file", paths)
-    counts: dict[str, int] = {}
-    if paths:
-        counts = dict(
-            con.execute(
-                "SELECT file_name, num_rows FROM parquet_file_metadata(?::VARCHAR[])", [paths]
-            ).fetchall()
-        )
-    at = f"{table_ref(config)} AT (VERSION => {int(snap)})"
-    if sum(counts.values()) != _rows(con, at, table_id, snap):
-        return None  # rows the files do not hold, or hold and are gone
-    schema = con.execute(f"SELECT * FROM {at} LIMIT 0").arrow().schema
-    mapping = physical_names(request.columns, schema.names)
-    ids, ever = _column_ids(con, table_id, snap)
-    files = tuple(LaidFile(as_uri(p), int(size), int(counts[p])) for p, size, _ in listed)
-    return FileLayout(
-        files,
-        {c: (p, schema.field(p).type) for c, p in mapping.items()},
-        field_ids={c: ids[p] for c, p in mapping.items() if p in ids},
-        file_ids=ever,
-        other_names=frozenset(set(schema.names) - set(mapping.values())),
-    )
+    table = ducklake_files.table_id(con, config, snap)
+    if table is None:
+        return []  # no such table at ``snap``: the read itself says so
+    return [f for row in ducklake_files.listed(con, table, snap) for f in (row[0], row[2]) if f]
 
 
 class DuckLakeKind(SourceKind):
@@ -294,7 +183,8 @@ class DuckLakeKind(SourceKind):
 
     def layout(self, request: ScanRequest) -> FileLayout | None:
         """The pinned snapshot's data files in place, columns by DuckLake's column ids (the
-        files' field ids); None when the files are not exactly its rows (``_layout``)."""
+        files' field ids); None when the files are not exactly its rows
+        (``ducklake_files.layout``)."""
         src = request.source
         snap = _snapshot(src.name, src.state)
         if snap is None:
@@ -302,7 +192,8 @@ class DuckLakeKind(SourceKind):
         self.parse_config(src)
         con = connect(src.config)
         try:
-            return _layout(con, request, snap)
+            at = f"{table_ref(src.config)} AT (VERSION => {int(snap)})"
+            return ducklake_files.layout(con, request, snap, at)
         finally:
             con.close()
 
