@@ -146,6 +146,7 @@ def _is_relocation(info: Mapping[str, Any]) -> bool:
 class DeltaKind(SourceKind):
     config_model = DeltaConfig
     cumulative = False
+    warm_imports = ("deltalake",)
 
     def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
         _version(name, state)

@@ -247,6 +247,7 @@ def _slice_files(p: _Pinned, part: str, base: str, logs: Sequence[str]) -> list[
 class HudiKind(SourceKind):
     config_model = HudiConfig
     cumulative = False
+    warm_imports = ("hudi",)
 
     def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
         _instant(name, state)

@@ -348,6 +348,17 @@ def added_data_files(table: Any, snap: Any) -> list[str]:
 class IcebergKind(SourceKind):
     config_model = IcebergConfig
     cumulative = False
+    #: What ``load_table`` and a scan's plan import (``SourceKind.warm``).
+    warm_imports = (
+        "pyiceberg.catalog.sql",
+        "pyiceberg.io.pyarrow",
+        "pyiceberg.avro.file",
+        "pyiceberg.avro.decoder_fast",
+        "pyiceberg.manifest",
+        "pyiceberg.table",
+        "planners.iceberg_io",
+        "planners.iceberg_tx",
+    )
 
     def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
         _snapshot_id(name, state)

@@ -298,6 +298,8 @@ class SourceKind:
     keyed_store: ClassVar[bool] = False
     #: The typed config (a ``SourceConfig`` subclass).
     config_model: ClassVar[type[SourceConfig]] = SourceConfig
+    #: The client library's modules the kind's first plan or read imports (``warm``).
+    warm_imports: ClassVar[tuple[str, ...]] = ()
 
     def plan(self, request: ScanRequest) -> list[ScanTask]:
         raise NotImplementedError
@@ -318,9 +320,16 @@ class SourceKind:
 
     def warm(self) -> None:
         """Make ahead, off every request's path, what the kind's first read in a process
-        would pay once (DuckLake: a database past its first attach). The gateway calls it in
-        a thread of its own when it starts with sources of the kind in its catalog and when
-        a source of the kind is added; failures are logged, never raised to a caller."""
+        would pay once: here, import ``warm_imports`` (a fresh gateway's first plan of an
+        Iceberg table imported pyiceberg's 250 modules, 0.5-0.8 s; Paimon's catalog 700
+        modules, 0.7-0.9 s); DuckLake also makes a database past its first attach. The
+        gateway calls it in a thread of its own when it starts with sources of the kind in
+        its catalog and when a source of the kind is added; failures are logged, never raised
+        to a caller."""
+        import importlib
+
+        for module in self.warm_imports:
+            importlib.import_module(module)
 
     def check(self, source: SourceRef) -> None:
         """Check a resolved config with a state before it is committed or read; raise

@@ -170,6 +170,7 @@ def _size(split: Any) -> int:
 class PaimonKind(SourceKind):
     config_model = PaimonConfig
     cumulative = False
+    warm_imports = ("pypaimon.catalog.catalog_factory",)  # 700 modules, ~0.7 s
 
     def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
         _snapshot_id(name, state)

@@ -13,7 +13,7 @@ import importlib
 import importlib.metadata
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flight_gateway.protocol.errors import InvalidArgument, Unavailable
@@ -75,12 +75,67 @@ def _load(name: str) -> SourceKind:
 
 
 def get_kind(name: str) -> SourceKind:
-    """The kind called ``name`` (one shared instance), importing it on first use."""
+    """The kind called ``name`` (one shared instance), importing it on first use; once its
+    ``warm`` (``warm``) is done if it is under way."""
+    pending = _warming.get(name)
+    if pending is not None and not pending.is_set():
+        pending.wait(WARM_WAIT_S)
+    return _instance(name)
+
+
+def _instance(name: str) -> SourceKind:
     with _lock:
         kind = _instances.get(name)
         if kind is None:
             kind = _instances[name] = _load(name)
         return kind
+
+
+#: Kinds whose ``warm`` is under way or done (set when done).
+_warming: dict[str, threading.Event] = {}
+#: How long a use of a kind waits for its warm-up, at most.
+WARM_WAIT_S = 30.0
+
+
+def warm(names: Iterable[str]) -> None:
+    """Each kind's ``warm``, one after another in a thread of its own, off the requests'
+    path: what its first read in this process would pay once is made ahead. A use of a kind
+    meanwhile (``get_kind``) waits for its warm-up rather than importing the same library
+    beside it: two threads importing one package's modules can meet in its circular imports
+    (``_DeadlockError``, a partly initialised module). The kinds are loaded first, and those
+    with nothing to warm released at once. An unknown kind or a failure is only logged."""
+    pending: list[tuple[str, threading.Event]] = []
+    with _lock:
+        for name in sorted(set(names)):
+            if name in _warming and not _warming[name].is_set():
+                continue  # being warmed already
+            _warming[name] = threading.Event()
+            pending.append((name, _warming[name]))
+    if not pending:
+        return
+
+    def run() -> None:
+        loaded = []
+        for name, done in pending:
+            try:
+                kind = _instance(name)
+            except Exception as e:  # a read reports it
+                log.warning("warming source kind %r failed: %s", name, e)
+                done.set()
+                continue
+            if type(kind).warm is SourceKind.warm and not kind.warm_imports:
+                done.set()  # nothing to warm
+            else:
+                loaded.append((name, kind, done))
+        for name, kind, done in loaded:
+            try:
+                kind.warm()
+            except Exception as e:  # a read makes it again, and reports what fails then
+                log.warning("warming source kind %r failed: %s", name, e)
+            finally:
+                done.set()
+
+    threading.Thread(target=run, daemon=True, name="warm-kinds").start()
 
 
 _configured: set[str] = set()

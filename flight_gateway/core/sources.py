@@ -7,20 +7,16 @@ changes and engine writes alike, and for configs and states before they are comm
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from flight_gateway.catalog import SourceSpec, SourceUpdate, TableSnapshot
 from flight_gateway.core.context import Gateway
 from flight_gateway.core.reach import PolicyGuard
-from planners import locations
+from planners import locations, registry
 from planners.kind import DEFAULT_MAX_TASKS, ColumnSpec, ScanRequest, SourceKind, SourceRef
 from planners.predicates import Expr
 from planners.registry import get_kind
-
-log = logging.getLogger(__name__)
 
 
 def _ref(
@@ -41,20 +37,8 @@ def _ref(
 
 
 def warm(kinds: Iterable[str]) -> None:
-    """Each kind's ``warm`` in a thread of its own: what its first read in this process would
-    pay once is made off the requests' path. An unknown kind or a failure is only logged."""
-    names = sorted(set(kinds))
-    if not names:
-        return
-
-    def run() -> None:
-        for name in names:
-            try:
-                get_kind(name).warm()
-            except Exception as e:  # a read makes it again, and reports what fails then
-                log.warning("warming source kind %r failed: %s", name, e)
-
-    threading.Thread(target=run, daemon=True, name="warm-kinds").start()
+    """Each kind's ``warm`` off the requests' path (``planners.registry.warm``)."""
+    registry.warm(kinds)
 
 
 def bind(

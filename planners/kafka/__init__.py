@@ -112,6 +112,7 @@ class KafkaKind(SourceKind):
     config_model = KafkaConfig
     dedupe_tier = 2  # the hottest tier: data flows Kafka -> Postgres -> cold formats
     cumulative = True
+    warm_imports = ("confluent_kafka",)
 
     def configure_resources(self, settings: Mapping[str, Any]) -> None:
         """``limits.kinds.kafka``: ``max_consumers`` open at once in the whole process (0: two

@@ -331,6 +331,7 @@ class PostgresKind(SourceKind):
     keyed_store = True
     dedupe_tier = 1  # between Kafka (hotter) and the cold formats
     cumulative = False  # movers write and delete rows: streaming compares commit by commit
+    warm_imports = ("psycopg", "adbc_driver_postgresql.dbapi")  # ~0.28 s in a fresh process
 
     def validate_state(self, name: str, state: Mapping[str, Any]) -> None:
         _as_of(name, state)
