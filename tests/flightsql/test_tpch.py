@@ -24,9 +24,7 @@ SF = 0.01
 
 
 @pytest.fixture(scope="module")
-def setup(
-    tmp_path_factory: pytest.TempPathFactory, pg_dsn: str
-) -> Iterator[tuple[Any, Any, Any]]:
+def setup(tmp_path_factory: pytest.TempPathFactory, pg_dsn: str) -> Iterator[tuple[Any, Any, Any]]:
     root = tmp_path_factory.mktemp("tpch")
     oracle = tpch.generate(SF)
     # No result is kept: every statement here is planned and run (the plan test reads logs).
