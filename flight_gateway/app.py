@@ -20,11 +20,11 @@ from flight_gateway.core import metrics, tracing
 from flight_gateway.core.config import GatewayConfig
 from flight_gateway.core.secrets import ScrubFilter
 from flight_gateway.core.services import Core
-from flight_gateway.core.sources import warm
 from flight_gateway.faces.flight.readers import ReadProcesses
 from flight_gateway.faces.flight.server import FlightFace
 from flight_gateway.faces.flightsql.service import FlightSqlService
 from flight_gateway.protocol.allocator import trim_periodically, tune_for_flight
+from planners.registry import warm
 
 __all__ = ["GatewayConfig", "HarnessFlightServer"]
 log = logging.getLogger(__name__)

@@ -13,12 +13,13 @@ from flight_gateway.core import metrics
 from flight_gateway.core.auth import Principal
 from flight_gateway.core.context import Gateway
 from flight_gateway.core.secrets import REF, passwords_hidden
-from flight_gateway.core.sources import check_commit, warm
+from flight_gateway.core.sources import check_commit
 from flight_gateway.core.write import locks, move, writes
 from flight_gateway.core.write.evolve import evolve_schema
 from flight_gateway.protocol import actions
 from flight_gateway.protocol.errors import HarnessError, InvalidArgument, LockExpired
 from flight_gateway.protocol.messages import parse_timestamp
+from planners import registry
 
 # Keys whose values are secrets wherever they appear in a config (``header.Authorization``,
 # ``s3.secret-access-key``, ``sasl.password``, ...); ``key_column`` names a column.
@@ -138,7 +139,7 @@ def commit(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     if body.get("add_sources") or body.get("remove_sources"):
         gw.source_defs.forget(table)
     if res.applied and body.get("add_sources"):
-        warm(str(s["kind"]) for s in _list(body, "add_sources") if isinstance(s, Mapping))
+        registry.warm(str(s["kind"]) for s in _list(body, "add_sources") if isinstance(s, Mapping))
     return {"version": res.version, "applied": res.applied, "schema_id": res.schema_id}
 
 

@@ -7,13 +7,13 @@ changes and engine writes alike, and for configs and states before they are comm
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flight_gateway.catalog import SourceSpec, SourceUpdate, TableSnapshot
 from flight_gateway.core.context import Gateway
 from flight_gateway.core.reach import PolicyGuard
-from planners import locations, registry
+from planners import locations
 from planners.kind import DEFAULT_MAX_TASKS, ColumnSpec, ScanRequest, SourceKind, SourceRef
 from planners.predicates import Expr
 from planners.registry import get_kind
@@ -34,11 +34,6 @@ def _ref(
     kind.parse_config(ref)
     gw.reach.check(name, kind_name, kind.reaches(ref), table)
     return ref
-
-
-def warm(kinds: Iterable[str]) -> None:
-    """Each kind's ``warm`` off the requests' path (``planners.registry.warm``)."""
-    registry.warm(kinds)
 
 
 def bind(

@@ -366,8 +366,8 @@ def _cte_insert(sql: str) -> tuple[int, bool] | None:
     """Where the relations' common table expressions go in ``sql`` and whether the statement
     has a ``WITH`` of its own there (then they are followed by a comma), or None when it
     starts with neither ``WITH``, ``SELECT`` nor a parenthesis. Any case, after any
-    whitespace and comments: a ``select`` in lower case, or a statement after a comment, was
-    given views (the footers read twice: ~1.5x DuckDB on the TPC-DS statements)."""
+    whitespace and comments: the statement is the caller's own text (``query.rewrite``), and
+    one after a comment was given views (every footer read twice)."""
     at = _LEAD.match(sql).end()  # type: ignore[union-attr]  # matches the empty string
     head = _HEAD.match(sql, at)
     if head is None:

@@ -418,7 +418,6 @@ def rewrite(tree: exp.Query, refs: Sequence[TableRef], relation_of: Sequence[int
 _TEXT = "harness_text"
 #: What a table reference may hold to be renamed in the text: its name and a plain alias.
 _RENAMED_ARGS = frozenset({"this", "db", "catalog", "alias"})
-_LEADING = re.compile(r"^\s*(WITH\s+RECURSIVE|WITH|SELECT)\s+", re.IGNORECASE)
 
 
 def _renamed(tree: exp.Query, refs: Sequence[TableRef], relation_of: Sequence[int]) -> str | None:
@@ -451,7 +450,7 @@ def _renamed(tree: exp.Query, refs: Sequence[TableRef], relation_of: Sequence[in
         out += [text[at:start], view]
         at = end
     out.append(text[at:])
-    return _canonical_head("".join(out).strip().rstrip(";").rstrip())
+    return "".join(out).strip().rstrip(";").rstrip()
 
 
 def _name_span(text: str, node: exp.Table) -> tuple[int, int, int] | None:
@@ -477,16 +476,6 @@ def _name_span(text: str, node: exp.Table) -> tuple[int, int, int] | None:
             return None
         spans.append((start, end + 1))
     return spans[0][0], spans[-1][1], spans[-1][0]
-
-
-def _canonical_head(sql: str) -> str:
-    """``sql`` starting ``WITH RECURSIVE ``, ``WITH `` or ``SELECT `` as written out by sqlglot
-    (``engine`` puts the views' CTEs in front of such a statement)."""
-    m = _LEADING.match(sql)
-    if m is None:
-        return sql
-    head = " ".join(m.group(1).upper().split())
-    return f"{head} {sql[m.end() :]}"
 
 
 def reads_more_than_once(tree: exp.Query) -> bool:
