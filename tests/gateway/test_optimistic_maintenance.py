@@ -237,3 +237,93 @@ def test_movers_read_before_their_lease_and_never_double(
         assert seen == sorted(set(seen)), v
     moves = [c for c in client.history("t") if c.summary.get("operation") == "move"]
     assert len(moves) >= 2
+    # A mover that lost the race wrote its data files before its lease for nothing: removed.
+    assert _unreferenced(iceberg, "db.cold") == set()
+
+
+def _unreferenced(iceberg: IcebergFixture, identifier: str) -> set[str]:
+    """Data files under the table's location that none of its snapshots lists."""
+    table = iceberg.catalog.load_table(identifier)
+    listed = {
+        p.removeprefix("file://") for p in table.inspect.all_data_files()["file_path"].to_pylist()
+    }
+    on_disk = {str(f) for f in Path(table.location().removeprefix("file://")).rglob("*.parquet")}
+    return on_disk - listed
+
+
+def test_a_mover_writes_its_cold_files_before_its_lease(
+    client: HarnessClient, tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DESIGN §18: a move Kafka -> Iceberg writes the moved rows' data files before taking the
+    lease on both sources, so writers of either source commit while it writes (held here until
+    they did); under the lease only the commits are left. Every row is read once at every
+    version."""
+    import pyiceberg.io.pyarrow as pyiceberg_arrow
+
+    from pipelines.mover import Mover
+    from tests.gateway.kafka_helpers import new_topic
+
+    iceberg = IcebergFixture(tmp_path)
+    iceberg.catalog.create_table("db.cold", schema=SCHEMA)
+    kafka = {"bootstrap_servers": kafka_bootstrap, "topic": new_topic(kafka_bootstrap),
+             "partition": 0}  # fmt: skip
+    client.create_table("t", COLUMNS)
+    client.commit("t", add_sources=[
+        {"name": "k", "kind": "kafka", "config": kafka, "state": {"low": 0, "high": 0}},
+        {"name": "cold", "kind": "iceberg", "config": iceberg.source_config("cold"),
+         "state": {"snapshot_id": None}},
+    ])  # fmt: skip
+    client.put("t", rows(0, 50), source="k")
+    first = client.describe("t").version
+
+    writing, release = threading.Event(), threading.Event()
+    original = pyiceberg_arrow._dataframe_to_data_files
+
+    def held_while_moving(*args: Any, **kwargs: Any) -> Any:
+        df = kwargs.get("df", args[2] if len(args) > 2 else None)
+        if df is not None and df.num_rows and min(df.column("id").to_pylist()) < 1_000:
+            writing.set()  # the moved rows (ids below 1,000): hold them until writers committed
+            release.wait(60)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pyiceberg_arrow, "_dataframe_to_data_files", held_while_moving)
+    errors: list[BaseException] = []
+
+    def move() -> None:
+        try:
+            with HarnessClient(client.uri) as c:
+                Mover(c, "t", "k", "cold", wait_s=60).run_once()
+        except BaseException as e:
+            errors.append(e)
+
+    mover = threading.Thread(target=move)
+    mover.start()
+    try:
+        assert writing.wait(60), "the move never wrote the cold source's files"
+        done: list[str] = []
+
+        def write(source: str, first_id: int) -> None:
+            try:
+                with HarnessClient(client.uri) as c:
+                    c.put("t", rows(first_id, 10), source=source)
+                done.append(source)
+            except BaseException as e:
+                errors.append(e)
+
+        writers = [threading.Thread(target=write, args=("cold", 10_000)),
+                   threading.Thread(target=write, args=("k", 500))]  # fmt: skip
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join(20)
+        assert sorted(done) == ["cold", "k"], "writers waited for the move's data files"
+    finally:
+        release.set()
+        mover.join(120)
+    assert not errors, errors
+    Mover(client, "t", "k", "cold").run_once()
+    assert ids(client) == [*range(50), *range(500, 510), *range(10_000, 10_010)]
+    assert client.describe("t").source("k").state["low"] == 60
+    for v in range(first, client.describe("t").version + 1):
+        seen = ids(client, version=v)
+        assert seen == sorted(set(seen)), v

@@ -19,10 +19,13 @@ allow-list, every location checked by ``reach``):
    saw the rows when they were first written).
 
 Until step 5 readers stay pinned to the old states, so nothing done so far is visible. Step 1
-runs before any lock (DESIGN §18: writers do not wait while a broker or a database is read);
-steps 2-5 hold a write lease on both sources, after checking that no other move of the hot
-source committed since the rows were read (then they are read again under the lease). ``HARNESS_FAULT_INJECT=<step>`` makes the
-gateway process exit at a step (the kill tests).
+runs before any lock (DESIGN §18: writers do not wait while a broker or a database is read),
+and so does the writing of step 3 where the cold kind can write an append's data apart from
+its commit (``PreparesAppends``: Iceberg's data files); steps 2-5 hold a write lease on both
+sources, after checking that no other move of the hot source committed since the rows were
+read (then they are read and written again under the lease, and what was written before it is
+removed). ``HARNESS_FAULT_INJECT=<step>`` makes the gateway process exit at a step (the kill
+tests).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import logging
 import os
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -48,7 +51,16 @@ from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.errors import Conflict, InvalidArgument
 from planners.common import filesystem
 from planners.execute import execute
-from planners.kind import AdoptsFiles, Appendable, AppendContext, Drains, Merges, SourceKind
+from planners.kind import (
+    AdoptsFiles,
+    Appendable,
+    AppendContext,
+    Drains,
+    Merges,
+    PreparesAppends,
+    SourceKind,
+)
+from planners.registry import get_kind
 
 log = logging.getLogger(__name__)
 MARKER = "harness.move.{hot}"
@@ -133,26 +145,32 @@ def move(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     read_state = _read_state(gw, table, fresh.hot, body)
     wait_s = float(body.get("wait_s", 120))
     early = _read_early(gw, snap, fresh, body)
-    with leased(cat, table, sorted({fresh.hot, fresh.cold}), owner=f"move:{fresh.hot}",
-                ttl_s=gw.limits.write_lease_s, wait_s=wait_s) as grant:  # fmt: skip
-        snap = cat.describe(table)  # fresh states under the lock
-        marker = snap.external_state.get(MARKER.format(hot=fresh.hot))
-        if isinstance(marker, Mapping) and marker.get("commit_id"):
-            unfinished = Move.resumed(table, fresh.hot, marker)
-            if unfinished.cold != fresh.cold:
-                raise Conflict(
-                    f"an unfinished move of {fresh.hot!r} into {unfinished.cold!r} must be "
-                    f"finished first: move {fresh.hot!r} to {unfinished.cold!r} again"
-                )
-            result = _run(gw, snap, unfinished, grant.lock_id, resumed=True)
-            return {**result, "resumed": True}
-        staged = body.get("staged")
-        if isinstance(staged, Mapping):
-            _not_moved_since(cat, table, fresh.hot, int(staged["version"]))
-        elif early is not None and _still_movable(cat, table, fresh.hot, early[0]):
-            m = _new_move(snap, body, early[1])
-            return _run(gw, snap, m, grant.lock_id, resumed=False, rows=early[2])
-        return _run(gw, snap, _new_move(snap, body, read_state), grant.lock_id, resumed=False)
+    ahead = _new_move(snap, body, early[1]) if early is not None else None
+    prepared = _prepare_cold(gw, snap, ahead, early[2]) if ahead and early else None
+    try:
+        with leased(cat, table, sorted({fresh.hot, fresh.cold}), owner=f"move:{fresh.hot}",
+                    ttl_s=gw.limits.write_lease_s, wait_s=wait_s) as grant:  # fmt: skip
+            snap = cat.describe(table)  # fresh states under the lock
+            marker = snap.external_state.get(MARKER.format(hot=fresh.hot))
+            if isinstance(marker, Mapping) and marker.get("commit_id"):
+                unfinished = Move.resumed(table, fresh.hot, marker)
+                if unfinished.cold != fresh.cold:
+                    raise Conflict(
+                        f"an unfinished move of {fresh.hot!r} into {unfinished.cold!r} must be "
+                        f"finished first: move {fresh.hot!r} to {unfinished.cold!r} again"
+                    )
+                result = _run(gw, snap, unfinished, grant.lock_id, resumed=True)
+                return {**result, "resumed": True}
+            staged = body.get("staged")
+            if isinstance(staged, Mapping):
+                _not_moved_since(cat, table, fresh.hot, int(staged["version"]))
+            elif ahead and early and _still_movable(cat, table, fresh.hot, early[0]):
+                return _run(gw, snap, ahead, grant.lock_id, resumed=False, rows=early[2],
+                            prepared=prepared)  # fmt: skip
+            return _run(gw, snap, _new_move(snap, body, read_state), grant.lock_id, resumed=False)
+    finally:
+        if prepared is not None:
+            _discard(*prepared)
 
 
 def _read_early(
@@ -219,8 +237,10 @@ def _run(
     lock_id: str,
     resumed: bool,
     rows: pa.Table | None = None,
+    prepared: tuple[AppendContext, Any] | None = None,
 ) -> dict[str, Any]:
-    """The move ``m`` under the lease ``lock_id``; ``rows``: its rows, read before the lease."""
+    """The move ``m`` under the lease ``lock_id``; ``rows``: its rows, read before the lease,
+    and ``prepared``: what the cold kind wrote of them then (``_prepare_cold``)."""
     cat = gw.catalog
     done = cat.find_commit(m.table, m.commit_id)
     if done is not None:
@@ -241,7 +261,7 @@ def _run(
         checkpoint("move.after_intent")
     aliases = {f.name: f.aliases for f in snap.schema.fields}
     with tracing.span("move.write", source=m.cold, rows=rows.num_rows):
-        cold_state = _write_cold(gw, snap, m, cold_kind, cold_ref, rows, aliases)
+        cold_state = _write_cold(gw, snap, m, cold_kind, cold_ref, rows, prepared)
     checkpoint("move.after_cold")
     hot_kind, hot_ref = bind(gw, snap, m.hot)  # its state now: writes may have come since
     ctx = AppendContext(hot_ref, m.commit_id, aliases, table=m.table,
@@ -323,15 +343,12 @@ def _write_cold(
     kind: SourceKind,
     ref: Any,
     rows: pa.Table,
-    aliases: Mapping[str, tuple[str, ...]],
+    prepared: tuple[AppendContext, Any] | None = None,
 ) -> dict[str, Any]:
     if m.staged is not None:
         return _adopt(kind, ref, m)
-    merge = m.mode == "merge" or (m.mode == "auto" and bool(snap.primary_key) and kind.keyed_store)
-    ctx = AppendContext(ref, m.commit_id, aliases, table=m.table,
-                        guard=guard(gw, ref.kind, m.table),
-                        tag_key=gw.tag_key(snap.table_id, m.cold), relocation=True)  # fmt: skip
-    if merge:
+    ctx = _cold_context(gw, snap, m, ref)
+    if _merges(snap, m, kind):
         if not isinstance(kind, Merges) or not snap.primary_key:
             raise InvalidArgument(f"source {m.cold!r} ({ref.kind}) cannot take rows by key")
         return kind.merge(
@@ -342,7 +359,50 @@ def _write_cold(
         )
     if not isinstance(kind, Appendable):
         raise InvalidArgument(f"source {m.cold!r} ({ref.kind}) cannot take rows")
+    if prepared is not None:
+        ctx = replace(ctx, prepared=prepared[1])
     return kind.append(ctx, rows)
+
+
+def _merges(snap: TableSnapshot, m: Move, kind: SourceKind) -> bool:
+    """The rows go into the cold source by the table's primary key (not appended)."""
+    return m.mode == "merge" or (m.mode == "auto" and bool(snap.primary_key) and kind.keyed_store)
+
+
+def _cold_context(gw: Gateway, snap: TableSnapshot, m: Move, ref: Any) -> AppendContext:
+    aliases = {f.name: f.aliases for f in snap.schema.fields}
+    return AppendContext(ref, m.commit_id, aliases, table=m.table,
+                         guard=guard(gw, ref.kind, m.table),
+                         tag_key=gw.tag_key(snap.table_id, m.cold), relocation=True)  # fmt: skip
+
+
+def _prepare_cold(
+    gw: Gateway, snap: TableSnapshot, m: Move, rows: pa.Table
+) -> tuple[AppendContext, Any] | None:
+    """DESIGN §18: the rows read before the lease written as the cold source's data before it
+    too, by kinds that can (``PreparesAppends``), so that under the lease only their commit is
+    left: an Iceberg move of ~10,000 rows held both sources' writers 0.3-1.4 s under the
+    failover load, 0.1-0.5 s of it writing data files. The context it was written in, and
+    what was written (``_discard`` removes what no commit used)."""
+    if m.staged is not None or not rows.num_rows:
+        return None
+    kind, ref = bind(gw, snap, m.cold)
+    if not isinstance(kind, PreparesAppends) or _merges(snap, m, kind):
+        return None
+    ctx = _cold_context(gw, snap, m, ref)
+    with tracing.span("move.prepare", source=m.cold, rows=rows.num_rows):
+        made = kind.prepare_append(ctx, rows)
+    return None if made is None else (ctx, made)
+
+
+def _discard(ctx: AppendContext, made: Any) -> None:
+    kind = get_kind(ctx.source.kind)
+    try:
+        assert isinstance(kind, PreparesAppends)
+        kind.discard_prepared(ctx, made)
+    except Exception:  # only space is lost: the files were never committed
+        log.warning("could not remove what a move prepared for %r", ctx.source.name,
+                    exc_info=True)  # fmt: skip
 
 
 def _adopt(kind: SourceKind, ref: Any, m: Move) -> dict[str, Any]:
