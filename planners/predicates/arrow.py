@@ -6,6 +6,7 @@ dataset/Table filter keeps exactly the rows a SQL ``WHERE`` keeps.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pyarrow as pa
@@ -25,7 +26,13 @@ from planners.predicates.ast import (
     fold_pairwise,
 )
 
-_NULL_BOOL = pc.scalar(pa.scalar(None, pa.bool_()))
+
+@functools.cache
+def _null_bool() -> pc.Expression:
+    """A null boolean literal, made on first use: pyarrow imports pandas the first time it makes
+    a literal expression (~0.2 s), which every process importing the predicates (the gateway,
+    its read processes, clients) paid at start-up, for a literal most never use."""
+    return pc.scalar(pa.scalar(None, pa.bool_()))
 
 
 def _lit(value: Any, ftype: pa.DataType | None) -> pc.Expression:
@@ -74,7 +81,7 @@ def to_arrow(expr: Expr, schema: pa.Schema | None = None) -> pc.Expression:
     def go(e: Expr) -> pc.Expression:
         if isinstance(e, Cmp):
             if e.value is None:
-                return _NULL_BOOL
+                return _null_bool()
             f, v = pc.field(e.column), _lit(e.value, ftype(e.column))
             return {
                 "=": f == v,
@@ -90,14 +97,14 @@ def to_arrow(expr: Expr, schema: pa.Schema | None = None) -> pc.Expression:
             hit = _member(f, present, ftype(e.column))
             if len(present) < len(e.values):
                 # x IN (.., NULL) is TRUE on a match and NULL otherwise.
-                hit = pc.if_else(hit, pc.scalar(True), _NULL_BOOL)
+                hit = pc.if_else(hit, pc.scalar(True), _null_bool())
             # NULL IN (...) is NULL, where is_in would say false.
-            return pc.if_else(pc.is_null(f), _NULL_BOOL, hit)
+            return pc.if_else(pc.is_null(f), _null_bool(), hit)
         if isinstance(e, Between):
             t = ftype(e.column)
             f = pc.field(e.column)
-            lo = _NULL_BOOL if e.low is None else f >= _lit(e.low, t)
-            hi = _NULL_BOOL if e.high is None else f <= _lit(e.high, t)
+            lo = _null_bool() if e.low is None else f >= _lit(e.low, t)
+            hi = _null_bool() if e.high is None else f <= _lit(e.high, t)
             return lo & hi
         if isinstance(e, IsNull):
             return pc.is_null(pc.field(e.column))
