@@ -106,7 +106,7 @@ def maintain(args: argparse.Namespace) -> int:
         catalog.close()
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction, kinds: bool = True) -> None:
     p = sub.add_parser("serve", help="run the Flight gateway")
     p.add_argument("--catalog", help="catalog URL (sqlite:///file.db or postgresql://...)")
     p.add_argument("--host")
@@ -124,7 +124,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--grace", type=float, default=3600.0, help="keep unreferenced files younger than this (s)"
     )
     p.set_defaults(func=maintain)
-    _kind_commands(sub)
+    if kinds:
+        _kind_commands(sub)
 
 
 def _kind_commands(sub: argparse._SubParsersAction) -> None:
