@@ -190,18 +190,8 @@ def test_movers_read_before_their_lease_and_never_double(
     writer produces into Kafka: when the other mover moved first, the rows are read again
     under the lease; every row is read exactly once at every version."""
     from pipelines.mover import Mover
-    from tests.gateway.kafka_helpers import new_topic
 
-    iceberg = IcebergFixture(tmp_path)
-    iceberg.catalog.create_table("db.cold", schema=SCHEMA)
-    kafka = {"bootstrap_servers": kafka_bootstrap, "topic": new_topic(kafka_bootstrap),
-             "partition": 0}  # fmt: skip
-    client.create_table("t", COLUMNS)
-    client.commit("t", add_sources=[
-        {"name": "k", "kind": "kafka", "config": kafka, "state": {"low": 0, "high": 0}},
-        {"name": "cold", "kind": "iceberg", "config": iceberg.source_config("cold"),
-         "state": {"snapshot_id": None}},
-    ])  # fmt: skip
+    iceberg = _kafka_and_iceberg(client, tmp_path, kafka_bootstrap)
     first = client.describe("t").version
     stop, errors = threading.Event(), []
 
@@ -241,6 +231,22 @@ def test_movers_read_before_their_lease_and_never_double(
     assert _unreferenced(iceberg, "db.cold") == set()
 
 
+def _kafka_and_iceberg(client: HarnessClient, tmp_path: Path, bootstrap: str) -> IcebergFixture:
+    """Table ``t`` with a Kafka source ``k`` and an empty Iceberg source ``cold``."""
+    from tests.gateway.kafka_helpers import new_topic
+
+    iceberg = IcebergFixture(tmp_path)
+    iceberg.catalog.create_table("db.cold", schema=SCHEMA)
+    kafka = {"bootstrap_servers": bootstrap, "topic": new_topic(bootstrap), "partition": 0}
+    client.create_table("t", COLUMNS)
+    client.commit("t", add_sources=[
+        {"name": "k", "kind": "kafka", "config": kafka, "state": {"low": 0, "high": 0}},
+        {"name": "cold", "kind": "iceberg", "config": iceberg.source_config("cold"),
+         "state": {"snapshot_id": None}},
+    ])  # fmt: skip
+    return iceberg
+
+
 def _unreferenced(iceberg: IcebergFixture, identifier: str) -> set[str]:
     """Data files under the table's location that none of its snapshots lists."""
     table = iceberg.catalog.load_table(identifier)
@@ -261,18 +267,8 @@ def test_a_mover_writes_its_cold_files_before_its_lease(
     import pyiceberg.io.pyarrow as pyiceberg_arrow
 
     from pipelines.mover import Mover
-    from tests.gateway.kafka_helpers import new_topic
 
-    iceberg = IcebergFixture(tmp_path)
-    iceberg.catalog.create_table("db.cold", schema=SCHEMA)
-    kafka = {"bootstrap_servers": kafka_bootstrap, "topic": new_topic(kafka_bootstrap),
-             "partition": 0}  # fmt: skip
-    client.create_table("t", COLUMNS)
-    client.commit("t", add_sources=[
-        {"name": "k", "kind": "kafka", "config": kafka, "state": {"low": 0, "high": 0}},
-        {"name": "cold", "kind": "iceberg", "config": iceberg.source_config("cold"),
-         "state": {"snapshot_id": None}},
-    ])  # fmt: skip
+    _kafka_and_iceberg(client, tmp_path, kafka_bootstrap)
     client.put("t", rows(0, 50), source="k")
     first = client.describe("t").version
 

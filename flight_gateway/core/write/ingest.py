@@ -397,7 +397,8 @@ def do_put(
     try:
         outcome = _GROUPS.submit(upload.key, upload)
     finally:
-        _discard(prepared)  # what no commit used: this DoPut failed, or a retry found its rows
+        # What no commit used: this DoPut failed, or a retry found its rows.
+        discard_prepared(prepared)
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
@@ -423,12 +424,13 @@ def _prepare(
             if made is not None:
                 done[name] = (ctx, made)
     except BaseException:
-        _discard(done)
+        discard_prepared(done)
         raise
     return done
 
 
-def _discard(prepared: Mapping[str, tuple[AppendContext, Any]]) -> None:
+def discard_prepared(prepared: Mapping[str, tuple[AppendContext, Any]]) -> None:
+    """What each source's kind prepared (``PreparesAppends``) and no commit used, removed."""
     for name, (ctx, made) in prepared.items():
         kind = get_kind(ctx.source.kind)
         try:

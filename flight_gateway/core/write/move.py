@@ -46,6 +46,7 @@ from flight_gateway.core.auth import Principal
 from flight_gateway.core.context import Gateway
 from flight_gateway.core.read.shape import resolve
 from flight_gateway.core.sources import bind, guard, scan_request
+from flight_gateway.core.write.ingest import discard_prepared
 from flight_gateway.core.write.lease import leased
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.errors import Conflict, InvalidArgument
@@ -60,7 +61,6 @@ from planners.kind import (
     PreparesAppends,
     SourceKind,
 )
-from planners.registry import get_kind
 
 log = logging.getLogger(__name__)
 MARKER = "harness.move.{hot}"
@@ -170,7 +170,7 @@ def move(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
             return _run(gw, snap, _new_move(snap, body, read_state), grant.lock_id, resumed=False)
     finally:
         if prepared is not None:
-            _discard(*prepared)
+            discard_prepared({prepared[0].source.name: prepared})
 
 
 def _read_early(
@@ -383,7 +383,7 @@ def _prepare_cold(
     too, by kinds that can (``PreparesAppends``), so that under the lease only their commit is
     left: an Iceberg move of ~10,000 rows held both sources' writers 0.3-1.4 s under the
     failover load, 0.1-0.5 s of it writing data files. The context it was written in, and
-    what was written (``_discard`` removes what no commit used)."""
+    what was written (``ingest.discard_prepared`` removes what no commit used)."""
     if m.staged is not None or not rows.num_rows:
         return None
     kind, ref = bind(gw, snap, m.cold)
@@ -393,16 +393,6 @@ def _prepare_cold(
     with tracing.span("move.prepare", source=m.cold, rows=rows.num_rows):
         made = kind.prepare_append(ctx, rows)
     return None if made is None else (ctx, made)
-
-
-def _discard(ctx: AppendContext, made: Any) -> None:
-    kind = get_kind(ctx.source.kind)
-    try:
-        assert isinstance(kind, PreparesAppends)
-        kind.discard_prepared(ctx, made)
-    except Exception:  # only space is lost: the files were never committed
-        log.warning("could not remove what a move prepared for %r", ctx.source.name,
-                    exc_info=True)  # fmt: skip
 
 
 def _adopt(kind: SourceKind, ref: Any, m: Move) -> dict[str, Any]:
