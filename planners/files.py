@@ -1,8 +1,9 @@
 """``files`` sources: an explicit list of Parquet / ORC / Arrow IPC / CSV / Avro files.
 
 State ``{"files": [paths]}`` (relative to config ``root`` or absolute); exactly those files are
-visible. Projection and the predicate go into a ``pyarrow.dataset`` scanner per file (row-group
-statistics pruning for Parquet). Small files are grouped into one task up to ``target_task_bytes``.
+visible. Projection and the predicate go into a ``pyarrow.dataset`` scanner per run of files
+sharing a schema (``planners.file_scan``; row-group statistics pruning for Parquet). Small
+files are grouped into one task up to ``target_task_bytes``.
 
 Writes: DoPut adds one Parquet file named after the commit id (a retry rewrites the same file);
 engines (Spark writes, compaction) write Parquet files under ``root`` that are adopted into the
@@ -15,12 +16,11 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from flight_gateway.protocol.errors import Conflict, InvalidArgument, Unavailable
@@ -35,6 +35,7 @@ from planners.common import (
     scan_dataset,
     target_schema,
 )
+from planners.file_scan import scan_files
 from planners.kind import (
     AppendContext,
     ColumnSpec,
@@ -214,27 +215,19 @@ class FilesKind(SourceKind):
         config: FilesConfig = self.parse_config(src)
         fmt = FORMATS[config.format]
         fs, paths, _ = self._paths(request, list(task.payload["files"]))
-        cols = request.columns
+        if fmt != "avro":
+            return scan_files(request, fs, paths, fmt)
 
         def one(path: str) -> pa.RecordBatchReader:
             try:
-                data: Any = (
-                    read_avro(fs, path, DEFAULT_BATCH_ROWS)
-                    if fmt == "avro"
-                    else ds.dataset(path, format=fmt, filesystem=fs)
-                )
+                data = read_avro(fs, path, DEFAULT_BATCH_ROWS)
             except (FileNotFoundError, OSError, ValueError) as e:
                 raise Unavailable(f"source {src.name!r}: cannot open {path!r}: {e}") from e
             return scan_dataset(request, data)
 
         if len(paths) == 1:
             return one(paths[0])
-
-        def readers() -> Iterator[pa.RecordBatchReader]:
-            for p in paths:
-                yield one(p)
-
-        return chain_readers(target_schema(cols), readers())
+        return chain_readers(target_schema(request.columns), (one(p) for p in paths))
 
     def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> EngineScan | None:
         return parquet_engine_scan(self, request, tasks)

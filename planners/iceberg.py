@@ -42,6 +42,7 @@ from planners.common import (
 from planners.iceberg_manifests import entries as manifest_entries
 from planners.iceberg_mor import Planned, deleted_positions, read_task
 from planners.iceberg_mor import plan as plan_with_deletes
+from planners.iceberg_plain import plain_read
 from planners.kind import (
     ALLOW_ALL,
     Additive,
@@ -437,8 +438,10 @@ class IcebergKind(SourceKind):
                 f"source {request.source.name!r}: ticket names data files not in snapshot"
             )
         request.check_files("data file", task_files(mine, planned))  # before the stream starts
-        batches = read_task(scan, planned, mine)
-        return conform(batches, cols, mapping)
+        plain = plain_read(request, _read_schema(scan), mapping, planned, mine)
+        if plain is not None:
+            return plain
+        return conform(read_task(scan, planned, mine), cols, mapping)
 
     def engine_scan(self, request: ScanRequest, tasks: Sequence[ScanTask]) -> EngineScan | None:
         return parquet_engine_scan(self, request, tasks)
@@ -456,10 +459,7 @@ class IcebergKind(SourceKind):
             return None  # ORC/Avro data files: read through the gateway
         # Field ids of the pinned snapshot's schema: data files written under older schemas
         # carry the same ids under whatever names they had then.
-        meta = scan.table_metadata
-        snap = meta.snapshot_by_id(scan.snapshot_id) if scan.snapshot_id else None
-        schema = meta.schema_by_id(snap.schema_id) if snap and snap.schema_id is not None else None
-        schema = schema or meta.schema()
+        schema = _read_schema(scan)
         ids = {
             c.name: schema.find_field(mapping[c.name]).field_id
             for c in request.columns
@@ -474,11 +474,7 @@ class IcebergKind(SourceKind):
         if _snapshot_id(request.source.name, request.source.state) is None:
             return FileLayout((), {})
         scan, mapping, planned = self._scan(request)
-        meta = scan.table_metadata
-        snap = meta.snapshot_by_id(scan.snapshot_id) if scan.snapshot_id else None
-        schema = meta.schema_by_id(snap.schema_id) if snap and snap.schema_id is not None else None
-        schema = schema or meta.schema()
-        return iceberg_layout(scan, schema, mapping, planned, request)
+        return iceberg_layout(scan, _read_schema(scan), mapping, planned, request)
 
     def plan_added(self, request: ScanRequest, before: Mapping[str, Any] | None) -> list[ScanTask]:
         """Data files added by the append snapshots between the two states (the tasks are read
@@ -697,6 +693,14 @@ def expire_below_pins(config: Mapping[str, Any], pinned: set[int]) -> int:
     log.info("iceberg %s: snapshot expiry lost %d times to writers; left to the next pass",
              config.get("identifier"), EXPIRE_TRIES)  # fmt: skip
     return 0
+
+
+def _read_schema(scan: Any) -> Any:
+    """The pinned snapshot's schema (field ids and names as they were then)."""
+    meta = scan.table_metadata
+    snap = meta.snapshot_by_id(scan.snapshot_id) if scan.snapshot_id else None
+    schema = meta.schema_by_id(snap.schema_id) if snap and snap.schema_id is not None else None
+    return schema or meta.schema()
 
 
 def _stats(f: Any) -> dict[str, dict[int, Any]]:

@@ -1,0 +1,104 @@
+"""A files source's many files scanned in runs of one schema (``planners.file_scan``): the
+rows are DuckDB's over the same files, whatever the mix of schemas, filters or files replaced."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from clients import HarnessClient
+from flight_gateway.protocol.errors import Unavailable
+from tests.gateway.helpers import write_parquet
+
+SCHEMA = [
+    {"name": "id", "type": "int64"},
+    {"name": "a", "type": "int64"},
+    {"name": "c", "type": "string"},
+]
+
+
+def _narrow(first: int, n: int) -> pa.Table:
+    """The early layout: ``a`` as int32, no ``c``."""
+    ids = range(first, first + n)
+    return pa.table(
+        {"id": pa.array(ids, pa.int64()), "a": pa.array([i % 7 for i in ids], pa.int32())}
+    )
+
+
+def _wide(first: int, n: int) -> pa.Table:
+    """The later layout: ``a`` int64 and ``c`` added, columns in another order."""
+    ids = range(first, first + n)
+    return pa.table({"c": [f"c{i}" for i in ids], "a": [i % 7 for i in ids], "id": list(ids)})
+
+
+@pytest.fixture
+def mixed(client: HarnessClient, tmp_path: Path) -> list[str]:
+    """30 files alternating between two schemas in runs of 1-4, listed by one source."""
+    root = tmp_path / "files"
+    names, first = [], 0
+    for i, run in enumerate([3, 1, 4, 2, 1, 1, 4, 3, 2, 1, 4, 4]):
+        for _ in range(run):
+            name = f"f{len(names):03d}.parquet"
+            write_parquet(root / name, (_narrow if i % 2 == 0 else _wide)(first, 50))
+            names.append(name)
+            first += 50
+    client.create_table("t", SCHEMA)
+    client.commit("t", add_sources=[{
+        "name": "files", "kind": "files", "config": {"root": str(root)},
+        "state": {"files": names},
+    }])  # fmt: skip
+    return [str(root / n) for n in names]
+
+
+def _duckdb(paths: list[str], where: str = "true") -> pa.Table:
+    listed = ", ".join(f"'{p}'" for p in paths)
+    return duckdb.sql(
+        f"SELECT id, a::BIGINT AS a, c FROM read_parquet([{listed}], union_by_name = true) "
+        f"WHERE {where} ORDER BY id"
+    ).to_arrow_table()
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    return table.sort_by("id").select(["id", "a", "c"])
+
+
+@pytest.mark.parametrize(
+    ("harness_filter", "duckdb_where"),
+    [(None, "true"), ("a = 3", "a = 3"), ("c IS NULL AND id > 400", "c IS NULL AND id > 400")],
+)
+def test_rows_across_schemas_match_duckdb(
+    client: HarnessClient, mixed: list[str], harness_filter: str | None, duckdb_where: str
+) -> None:
+    got = client.read("t", filter=harness_filter)
+    want = _duckdb(mixed, duckdb_where)
+    assert got.num_rows == want.num_rows > 0
+    assert _sorted(got).to_pylist() == want.to_pylist()
+
+
+def test_a_projection_keeps_the_order_of_the_list(client: HarnessClient, mixed: list[str]) -> None:
+    ids = client.read("t", columns=["id"]).column("id").to_pylist()
+    assert ids == list(range(len(mixed) * 50))  # one task: the files' order, row by row
+
+
+def test_a_file_replaced_in_place_is_read_as_it_is_now(
+    client: HarnessClient, mixed: list[str]
+) -> None:
+    client.read("t")  # every file's schema cached
+    narrow = mixed[0]
+    stat = os.stat(narrow)
+    write_parquet(Path(narrow), _wide(0, 50))  # same ids, now with ``c``
+    os.utime(narrow, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    got = client.read("t", filter="id < 50")
+    assert got.column("c").to_pylist() == [f"c{i}" for i in range(50)]
+    assert _sorted(client.read("t")).to_pylist() == _duckdb(mixed).to_pylist()
+
+
+def test_a_missing_file_fails_the_read_unavailable(client: HarnessClient, mixed: list[str]) -> None:
+    client.read("t")
+    os.remove(mixed[17])
+    with pytest.raises(Unavailable, match=r"f017\.parquet"):
+        client.read("t")
