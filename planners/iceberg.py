@@ -438,7 +438,7 @@ class IcebergKind(SourceKind):
                 f"source {request.source.name!r}: ticket names data files not in snapshot"
             )
         request.check_files("data file", task_files(mine, planned))  # before the stream starts
-        plain = plain_read(request, _read_schema(scan), mapping, planned, mine)
+        plain = plain_read(request, scan, _read_schema(scan), mapping, planned, mine)
         if plain is not None:
             return plain
         return conform(read_task(scan, planned, mine), cols, mapping)

@@ -6,11 +6,12 @@ its filter bound, its batches cast): ~1 ms a file, 116-205 ms for 150 files of 7
 files between compactions, and under ``bench_chaos`` its readers spent a quarter of the read
 processes' time there. Where nothing needs pyiceberg (no delete file applies, Parquet files on
 the local filesystem, primitive columns, every file naming each selected field id under the
-name the pinned schema gives it, or lacking both the id and the name), runs of files with one
+name the pinned schema gives it, or lacking both the id and the name; a file without field ids,
+as ``add_files`` adds them, by the table's name mapping), runs of files with one
 physical schema are scanned as one dataset each, the filter pushed in for pruning (the gateway
 applies the exact predicate after: ``ScanTask.exact_filter`` is false for Iceberg). Anything
-else (deletes, a column renamed since a file was written, files without field ids, other
-formats or filesystems) goes through pyiceberg as before.
+else (deletes, a column renamed since a file was written, other formats or filesystems) goes
+through pyiceberg as before.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ _PLAIN_TYPES = frozenset({
 
 
 def plain_read(
-    request: ScanRequest, schema: Any, mapping: Mapping[str, str], planned: Planned,
+    request: ScanRequest, scan: Any, schema: Any, mapping: Mapping[str, str], planned: Planned,
     tasks: Sequence[Any],
 ) -> pa.RecordBatchReader | None:  # fmt: skip
-    """The rows of ``tasks`` (pyiceberg ``FileScanTask``s of the pinned ``schema``) conformed
-    to the harness columns, or None when pyiceberg must read them."""
+    """The rows of ``tasks`` (pyiceberg ``FileScanTask``s of ``scan``, whose pinned schema is
+    ``schema``) conformed to the harness columns, or None when pyiceberg must read them."""
     fields = {c: schema.find_field(mapping[c.name]) for c in request.columns if c.name in mapping}
     if not fields or any(type(f.field_type).__name__ not in _PLAIN_TYPES for f in fields.values()):
         return None
@@ -66,7 +67,8 @@ def plain_read(
         paths.append(path)
     schemas = file_schemas(request, _LOCAL, paths, "parquet")
     wanted = {int(f.field_id): f.name for f in fields.values()}
-    keys = [_names(s, wanted) for s in schemas]
+    by_name = _name_mapping(scan)
+    keys = [_names(s, wanted, by_name) for s in schemas]
     if any(k is None for k in keys):
         return None
     groups = runs(paths, [(k, SameSchema(s)) for k, s in zip(keys, schemas, strict=True)], schemas)
@@ -98,14 +100,30 @@ def _local(location: str) -> str | None:
     return path if path.startswith("/") and "%" not in path else None
 
 
-def _names(schema: pa.Schema, wanted: Mapping[int, str]) -> tuple[str, ...] | None:
-    """The selected fields' names in a file's ``schema`` (by field id), None when a file
-    differs from the pinned schema: no field ids at all, a field under another name, or a
-    column of a selected field's name holding another field."""
-    ids = {
-        int(f.metadata[FIELD_ID]): f.name for f in schema if f.metadata and FIELD_ID in f.metadata
-    }
-    if not ids:
+def _name_mapping(scan: Any) -> dict[str, int]:
+    """Top-level column name -> field id by the table's name mapping (for data files written
+    without field ids and added to the table, as ``add_files`` does)."""
+    mapping = scan.table_metadata.name_mapping()
+    if mapping is None:
+        return {}
+    return {n: int(f.field_id) for f in mapping.root if f.field_id is not None for n in f.names}
+
+
+def _names(
+    schema: pa.Schema, wanted: Mapping[int, str], by_name: Mapping[str, int]
+) -> tuple[str, ...] | None:
+    """The selected fields' names in a file's ``schema`` (by field id, or by the table's name
+    mapping for a file without any), None when a file differs from the pinned schema: some
+    fields with ids and others without, no ids and no mapping, a field under another name, or
+    a column of a selected field's name holding another field."""
+    with_ids = [f for f in schema if f.metadata and FIELD_ID in f.metadata]
+    if with_ids and len(with_ids) != len(schema):
+        return None
+    if with_ids:
+        ids = {int(f.metadata[FIELD_ID]): f.name for f in with_ids}
+    elif by_name:
+        ids = {by_name[f.name]: f.name for f in schema if f.name in by_name}
+    else:
         return None
     out = []
     for field_id, name in wanted.items():

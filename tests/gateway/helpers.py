@@ -47,6 +47,7 @@ class IcebergFixture:
         from pyiceberg.catalog.sql import SqlCatalog
 
         (root / "warehouse").mkdir(parents=True, exist_ok=True)
+        self.root = root
         self.props = {
             "type": "sql",
             "uri": f"sqlite:///{root / 'iceberg.db'}",

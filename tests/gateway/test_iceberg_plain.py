@@ -1,6 +1,7 @@
 """Iceberg data files read as plain Parquet datasets by field id (``planners.iceberg_plain``):
 the rows are pyiceberg's own at the same snapshot, through a schema that evolved (a type
-promoted, a column added, one renamed, one dropped and added again under its old name)."""
+promoted, a column added, one renamed, one dropped and added again under its old name, files
+without field ids added by name)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import planners.iceberg as iceberg_kind
@@ -67,7 +69,15 @@ def evolved(client: HarnessClient, iceberg: IcebergFixture) -> Any:
         update.delete_column("name")
     with table.update_schema() as update:
         update.add_column("name", StringType())  # a new field id under the old name
-    _append(table, first, 3)
+    first = _append(table, first, 3)
+    # Files without field ids, as engines write them, added by name (the table's name mapping).
+    for i in range(2):
+        path = f"{iceberg.root}/added-{i}.parquet"
+        rows = _rows(table, first, 25)
+        plain = pa.schema([pa.field(f.name, f.type, f.nullable) for f in rows.schema])
+        pq.write_table(rows.cast(plain), path)
+        table.add_files([path])
+        first += 25
     client.create_table("t", SCHEMA)
     client.commit("t", add_sources=[{
         "name": "ice", "kind": "iceberg", "config": iceberg.source_config("evolved"),
