@@ -5,7 +5,7 @@ happened."""
 import numpy as np
 import pyarrow as pa
 
-from benchmarks.chaos_load import Load, check_ids
+from benchmarks.chaos_load import Load, check_ids, lost_and_doubled
 
 
 def ids(*chunks: list[int]) -> pa.ChunkedArray:
@@ -44,3 +44,18 @@ def test_a_window_counts_what_ended_within_it() -> None:
     load.commit_end += [5.0, 15.0, 25.0, 35.0]
     assert load.window(10.0, 40.0) == {"read p50 s": 3.0, "reads/min": 6.0, "commits/s": 0.1}
     assert load.window(80.0, 90.0)["reads/min"] == 0.0
+
+
+def test_counts_match_sets_on_random_reads() -> None:
+    """Against plain Python sets and counts, over reads with rows missing, doubled, tripled
+    and written after the read began."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        expected = np.unique(rng.integers(0, 500, rng.integers(0, 60)))
+        read = [int(i) for i in expected if rng.random() > 0.1]
+        read += [int(i) for i in rng.choice(read, rng.integers(0, 5))] if read else []
+        read += [int(i) for i in rng.integers(500, 600, rng.integers(0, 5))]
+        rng.shuffle(read)
+        missing = len(set(expected.tolist()) - set(read))
+        twice = len(read) - len(set(read))
+        assert lost_and_doubled(expected, ids(read)) == (missing, twice)
