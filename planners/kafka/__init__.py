@@ -24,6 +24,7 @@ they first enter ``[low, high)``, wherever a mover puts the rows later (``cumula
 from __future__ import annotations
 
 import logging
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from flight_gateway.protocol.errors import Conflict, HarnessError, InvalidArgume
 from planners import locations
 from planners.common import conform, physical_names, target_schema
 from planners.kafka import produce
+from planners.kafka.cache import cache_key, cached_range
 from planners.kafka.config import META, KafkaConfig, consumer
 from planners.kafka.consume import consume_range
 from planners.kafka.consumers import POOL, WAIT_S
@@ -185,10 +187,21 @@ class KafkaKind(SourceKind):
         cols = request.columns
         decoder = Decoder(src.name, config, cols)
         low, high = int(task.payload["low"]), int(task.payload["high"])
+        key = cache_key(config, (decoder.value_schema, decoder.physical_schema))
+
+        def consume(a: int, b: int) -> Iterator[tuple[pa.Table, array[int], int]]:
+            """Decoded chunks of [a, b), each with how far it covers (the last: all of it)."""
+            held: list[Any] | None = None
+            for chunk in consume_range(config, a, b):
+                if held is not None:
+                    yield (*_decoded(decoder, held), held[-1].offset() + 1)
+                held = chunk
+            if held is not None:
+                yield (*_decoded(decoder, held), b)
 
         def batches() -> Iterator[pa.RecordBatch]:
-            for chunk in consume_range(config, low, high):
-                yield from decoder.decode(chunk).to_batches()
+            for rows in cached_range(key, low, high, consume):
+                yield from rows.to_batches()
 
         schema = decoder.physical_schema
         return conform(
@@ -231,6 +244,11 @@ class KafkaKind(SourceKind):
                 f"source {name!r}: its range starts at {now_low}, not at the moved {low}"
             )
         return with_range(ctx.source.state, high, max(now_high, high))
+
+
+def _decoded(decoder: Decoder, msgs: list[Any]) -> tuple[pa.Table, array[int]]:
+    rows, kept = decoder.decode_kept(msgs)
+    return rows, array("q", (m.offset() for m in kept))
 
 
 def _offset_for_time(config: KafkaConfig, ms: int, low: int) -> int:

@@ -128,6 +128,11 @@ class Decoder:
         return (pa.concat_tables(parts) if parts else self.value_schema.empty_table()), bad
 
     def decode(self, msgs: list[Any]) -> pa.Table:
+        return self.decode_kept(msgs)[0]
+
+    def decode_kept(self, msgs: list[Any]) -> tuple[pa.Table, list[Any]]:
+        """The rows of ``msgs``, and the messages they come from (undecodable ones left out,
+        or the read failed)."""
         values = [m.value() for m in msgs]
         table, bad = self._decode_values(values)
         if bad:
@@ -164,9 +169,10 @@ class Decoder:
             )
         if "_kafka_key" in meta_cols:
             columns["_kafka_key"] = pa.array([m.key() for m in msgs], pa.binary())
-        return pa.table(
+        rows = pa.table(
             [columns[f.name] for f in self.physical_schema], schema=self.physical_schema
         )
+        return rows, msgs
 
     def _handle_bad(self, msgs: list[Any]) -> None:
         where = ", ".join(f"{m.topic()}/{m.partition()}@{m.offset()}" for m in msgs[:5])
