@@ -33,6 +33,7 @@ MAX_SCHEMAS = 100_000  # ~100 bytes an entry: schemas themselves are shared betw
 _Key = tuple[str, str, int, int]
 #: A run: consecutive files (paths) read as one dataset of the first one's schema.
 Run = tuple[pa.Schema, list[str]]
+_UNREAD = pa.schema([])  # a run of one file: opened alone, its own schema read then
 
 
 class _Schemas:
@@ -118,7 +119,7 @@ def scan_files(
     schema (names and types) as one dataset each. A missing or unreadable file is
     UNAVAILABLE."""
     if fmt not in SELF_DESCRIBED or len(paths) == 1:
-        groups = [(_open(request, fs, p, fmt).schema, [p]) for p in paths]
+        groups = [(_UNREAD, [p]) for p in paths]  # each opened alone, its schema its own
     else:
         schemas = file_schemas(request, fs, paths, fmt)
         groups = runs(paths, [SameSchema(s) for s in schemas], schemas)
