@@ -16,6 +16,7 @@ and each row's offset; the least recently used ranges go past ``MAX_BYTES``.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import threading
 from array import array
@@ -108,13 +109,17 @@ CACHE = RangeCache()
 
 
 def cache_key(config: object, schemas: tuple[pa.Schema, ...], **decoder: object) -> str:
-    """The rows of a range depend on these and nothing else."""
+    """The rows of a range depend on these and nothing else: ``topic/partition/digest``."""
     fields = {n: getattr(config, n) for n in (
         "bootstrap_servers", "topic", "partition", "format", "avro_schema",
         "schema_registry_url", "key_column", "on_error", "dead_letter_topic", "consumer",
     )}  # fmt: skip
     shapes = [s.serialize().to_pybytes().hex() for s in schemas]
-    return json.dumps([fields, shapes, decoder], sort_keys=True, default=str)
+    # Hashed: consumer settings may hold credentials, which a key should not carry around.
+    digest = hashlib.sha256(
+        json.dumps([fields, shapes, decoder], sort_keys=True, default=str).encode()
+    ).hexdigest()
+    return f"{fields['topic']}/{fields['partition']}/{digest}"
 
 
 def cached_range(

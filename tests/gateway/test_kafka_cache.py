@@ -35,7 +35,7 @@ def _rows(first: int, n: int) -> list[bytes]:
 
 def _counts(topic: str) -> tuple[int, int]:
     """(rows consumed, rows served from the cache) of reads of ``topic``."""
-    mine = [k for k in {*CACHE.misses, *CACHE.hits} if f'"{topic}"' in k]
+    mine = [k for k in {*CACHE.misses, *CACHE.hits} if k.startswith(f"{topic}/0/")]
     return sum(CACHE.misses[k] for k in mine), sum(CACHE.hits[k] for k in mine)
 
 
