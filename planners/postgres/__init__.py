@@ -19,6 +19,7 @@ on the current and the history table. Streaming: the row versions written betwee
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import logging
 import os
@@ -52,6 +53,7 @@ from planners.kind import (
     SourceKind,
     SourceRef,
 )
+from planners.postgres.cache import CACHE, PinnedRows, cache_key, instant, kept
 from planners.postgres.pool import ADBC
 from planners.postgres.split import check_type, key_ranges
 from planners.predicates import quote_ident, to_sql
@@ -306,6 +308,32 @@ def _key_range(payload: Mapping[str, Any], bind: Callable[[Any], str]) -> str:
     return out
 
 
+def _written(request: ScanRequest, task: ScanTask) -> str:
+    """Which row versions a task reads, as SQL over ``sys_period``: those written in a
+    since-task's interval, or those visible at the pinned ``as_of`` in the task's key range."""
+    lit = postgres_literal
+    if "until" in task.payload:
+        written = f"lower(sys_period) <= {lit(task.payload['until'])}::timestamptz"
+        if task.payload.get("written_after"):
+            written += f" AND lower(sys_period) > {lit(task.payload['written_after'])}"
+            written += "::timestamptz"
+        return written
+    return f"sys_period @> {lit(request.source.state['as_of'])}::timestamptz" + _key_range(
+        task.payload, lit
+    )
+
+
+def _closed_between(cur: Any, config: PostgresConfig, after: str, until: str) -> bool:
+    """Whether a row version was closed (updated, deleted) in (``after``, ``until``]."""
+    lit = postgres_literal
+    cur.execute(
+        f"SELECT EXISTS (SELECT 1 FROM {config.qualified(config.history)} "
+        f"WHERE upper(sys_period) > {lit(after)}::timestamptz "
+        f"AND upper(sys_period) <= {lit(until)}::timestamptz)"
+    )
+    return bool(cur.fetchone()[0])
+
+
 def _output(name: str, data_type: str) -> str:
     """How a column leaves the server. NUMERIC is sent as text: Postgres formats it, Arrow
     parses text to decimal in bulk (both exact), which is several times faster than the
@@ -407,15 +435,17 @@ class PostgresKind(SourceKind):
         config: PostgresConfig,
         mapping: dict[str, str],
         types: dict[str, str],
+        written: str | None = None,
     ) -> str:
-        """The SQL of a task (pinned rows, or the row versions a since-task covers), its values
+        """The SQL of a task (pinned rows, or the row versions a since-task covers; or the row
+        versions ``written`` says, SQL over ``sys_period`` and the task's key range), its values
         written as literals. Why not parameters: the ADBC driver streams a query without them
         through binary COPY, pipelined with the server, but runs one with them as a prepared
         statement whose whole result libpq buffers before the first batch (3x slower on 2 M
         rows, and all of it in memory). The filter applies to the columns as stored; the
         outer select only changes how they travel."""
         try:
-            return self._sql(request, task, config, mapping, types)
+            return self._sql(request, task, config, mapping, types, written)
         except ValueError as e:  # the one value with no literal: text holding NUL
             raise InvalidArgument(
                 f"source {request.source.name!r}: a filter value cannot be sent to PostgreSQL: {e}"
@@ -428,16 +458,11 @@ class PostgresKind(SourceKind):
         config: PostgresConfig,
         mapping: dict[str, str],
         types: dict[str, str],
+        written: str | None,
     ) -> str:
         lit = postgres_literal
-        if "until" in task.payload:
-            written = f"lower(sys_period) <= {lit(task.payload['until'])}::timestamptz"
-            if task.payload.get("written_after"):
-                written += f" AND lower(sys_period) > {lit(task.payload['written_after'])}"
-                written += "::timestamptz"
-        else:
-            written = f"sys_period @> {lit(request.source.state['as_of'])}::timestamptz"
-            written += _key_range(task.payload, lit)
+        if written is None:
+            written = _written(request, task)
         sql = _versioned(config, mapping, types, written, _output)
         pred = pushdown(request, mapping)
         if pred is not None:
@@ -474,18 +499,71 @@ class PostgresKind(SourceKind):
         if not _as_of(src.name, src.state) and "until" not in task.payload:
             return empty_reader(cols)
         config: PostgresConfig = self.parse_config(src)
+        # Pinned rows go through the cache (``planners.postgres.cache``); since-tasks and
+        # limited reads (a part of the rows) do not.
+        at = None
+        if "until" not in task.payload and request.limit is None:
+            at = instant(src.state["as_of"])
 
-        def start(cur: Any) -> tuple[pa.RecordBatchReader, dict[str, str]]:
+        def start(cur: Any) -> tuple[pa.RecordBatchReader | pa.Table, dict[str, str]]:
             types = _columns(cur, config, src.name)
             mapping = physical_names(cols, types)
+            if at is not None:
+                return self._pinned(request, task, config, (types, mapping), at, cur), mapping
             cur.execute(self._select(request, task, config, mapping, types))
             return cur.fetch_record_batch(), mapping
 
-        (reader, mapping), cur, con = _on_pooled(config, src.name, start)
-        out = conform(_returning(reader, cur, con, config.dsn), cols, mapping)
+        (got, mapping), cur, con = _on_pooled(config, src.name, start)
+        if isinstance(got, pa.Table):  # nothing left to stream from the server
+            cur.close()
+            ADBC.give(config.dsn, con)
+            reader = pa.RecordBatchReader.from_batches(got.schema, got.to_batches())
+        else:
+            reader = _returning(got, cur, con, config.dsn)
+        out = conform(reader, cols, mapping)
         if request.predicate is not None and pushdown(request, mapping) is None:
             out = apply_residual(out, request.predicate)
         return out
+
+    def _pinned(
+        self,
+        request: ScanRequest,
+        task: ScanTask,
+        config: PostgresConfig,
+        shape: tuple[dict[str, str], dict[str, str]],
+        at: dt.datetime,
+        cur: Any,
+    ) -> pa.Table | pa.RecordBatchReader:
+        """The task's rows at the pinned ``as_of`` (``at``): held by the cache, or the cache's
+        newest earlier rows and those written since, or all of them from the server (streamed,
+        and kept when they fit)."""
+        types, mapping = shape
+        lit, as_of = postgres_literal, request.source.state["as_of"]
+        within = _key_range(task.payload, lit)
+        query = self._select(request, task, config, mapping, types, "{as_of}" + within)
+        key = cache_key(
+            config.dsn, config.qualified(), query, {c: types[c] for c in mapping.values()}
+        )
+        base = CACHE.before(key, at)
+        if base is not None and base.as_of == at:
+            CACHE.hits[key] += 1
+            return base.rows
+        if base is not None and not _closed_between(cur, config, base.at, as_of):
+            written = f"lower(sys_period) > {lit(base.at)}::timestamptz AND "
+            cur.execute(
+                self._select(
+                    request, task, config, mapping, types, written + _written(request, task)
+                )
+            )
+            added = cur.fetch_arrow_table()
+            if added.schema == base.rows.schema:
+                rows = pa.concat_tables([base.rows, added])
+                CACHE.add(key, PinnedRows(at, as_of, rows))
+                CACHE.extended[key] += 1
+                return rows
+        CACHE.misses[key] += 1
+        cur.execute(self._select(request, task, config, mapping, types))
+        return kept(cur.fetch_record_batch(), key, at, as_of)
 
     # ------------------------------------------------------------------ writing
 
