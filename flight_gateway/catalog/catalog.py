@@ -212,6 +212,23 @@ class Catalog:
         )
         return self._commits.commit(table, request)
 
+    def commit_all(
+        self, table: str, commits: Sequence[Mapping[str, Any]]
+    ) -> list[CommitResult | BaseException]:
+        """Commits (each ``commit_id`` and the keywords of ``commit``) applied in order in one
+        transaction, each as its own version; one outcome each (an exception is returned, not
+        raised). A failed transaction fails them all. Each request's own checks (lock, sources)
+        run as in ``commit``: callers give requests that pass or fail them together, as one
+        writer's commits under one lease do."""
+        defaults: dict[str, Any] = {"lock_id": None, "fencing_token": None, "add_sources": (),
+                                    "remove_sources": (), "updates": (), "external_state": None,
+                                    "properties": None, "schema_changes": None, "summary": None}  # fmt: skip
+        requests = []
+        for c in commits:
+            given = {k: v for k, v in c.items() if k != "commit_id"}
+            requests.append(build_request(table, str(c["commit_id"]), **{**defaults, **given}))
+        return list(self._commits.commit_all(table, requests))
+
     def group_commit_stats(self) -> GroupStats | None:
         """How many groups and commits this catalog applied (None without group commit)."""
         return self._commits.stats()

@@ -120,14 +120,22 @@ def test_failure_before_commit_then_retry_never_duplicates(
             raise RuntimeError("simulated crash before the harness commit")
         return real_commit(table, commit_id, **kw)
 
-    catalog.commit = flaky_commit
+    real_commit_all = catalog.commit_all
+
+    def flaky_commit_all(table, commits):  # DoPut's versions commit together
+        if any(c["commit_id"] == "upload-x" for c in commits) and failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("simulated crash before the harness commit")
+        return real_commit_all(table, commits)
+
+    catalog.commit, catalog.commit_all = flaky_commit, flaky_commit_all
     try:
         with pytest.raises(Exception, match="simulated crash"):
             client.put("t", batch(0, 40), commit_id="upload-x")
         assert counts(client) == {r: 0 for r in REGIONS}  # written, but not visible
         res = client.put("t", batch(0, 40), commit_id="upload-x")
     finally:
-        catalog.commit = real_commit
+        catalog.commit, catalog.commit_all = real_commit, real_commit_all
     assert res["applied"]
     assert counts(client) == {r: 10 for r in REGIONS}  # exactly once in every kind
     with psycopg.connect(routed["pg_dsn"]) as conn:

@@ -136,18 +136,21 @@ def test_queued_uploads_commit_under_one_lease_each_with_its_own_version(
 
 
 def test_a_failing_upload_fails_alone_and_its_retry_applies_once(
-    gateway, client: HarnessClient, table: IcebergFixture
+    gateway, client: HarnessClient, table: IcebergFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server, catalog = gateway
-    real_commit = catalog.commit
+    from planners.iceberg import IcebergKind
 
-    def flaky_commit(table: str, commit_id: str, **kw: Any) -> Any:
-        if commit_id == "bad":  # the gateway fails after writing, before committing this one
+    server, catalog = gateway
+    real_append = IcebergKind.append
+
+    def flaky_append(self: IcebergKind, ctx: Any, data: pa.Table) -> Any:
+        state = real_append(self, ctx, data)
+        if ctx.commit_id == "bad":  # the gateway fails after writing, before committing this one
             raise RuntimeError("simulated failure before the harness commit")
-        return real_commit(table, commit_id, **kw)
+        return state
 
     held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
-    catalog.commit = flaky_commit
+    monkeypatch.setattr(IcebergKind, "append", flaky_append)
     try:
         threads, out = put_all(server, [("lead", rows("iceberg", 0))])
         time.sleep(0.3)
@@ -162,7 +165,7 @@ def test_a_failing_upload_fails_alone_and_its_retry_applies_once(
         for t in threads + more:
             t.join(60)
     finally:
-        catalog.commit = real_commit
+        monkeypatch.undo()
     assert out[0]["applied"] and out_more[0]["applied"] and out_more[2]["applied"]
     assert isinstance(out_more[1], Exception) and "simulated failure" in str(out_more[1])
     assert sorted(client.read("t").column("id").to_pylist()) == sorted(
@@ -180,6 +183,48 @@ def test_a_failing_upload_fails_alone_and_its_retry_applies_once(
     assert sorted(direct.column("id").to_pylist()) == ids
     # The retry wrote its rows' file before its lease, then found its first try's snapshot:
     # that file was removed, so every data file on disk is one a snapshot names.
+    assert data_files(table) == committed_files(table)
+
+
+def test_a_group_commits_its_versions_in_one_transaction_and_fails_whole(
+    gateway, client: HarnessClient, table: IcebergFixture
+) -> None:
+    """Each upload of a group appends from the states of the ones before it, so their versions
+    commit together: one catalog call, and when it fails no upload applies (none of their rows
+    shows) and each retry applies once."""
+    server, catalog = gateway
+    before = client.describe("t").version
+    real = catalog.commit_all
+    calls: list[list[str]] = []
+
+    def crashing(name: str, commits: list[dict[str, Any]]) -> Any:
+        calls.append([c["commit_id"] for c in commits])
+        if len(calls) == 1:
+            raise RuntimeError("simulated crash before the harness commit")
+        return real(name, commits)
+
+    held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
+    catalog.commit_all = crashing
+    try:
+        uploads = [(f"g{i}", rows("iceberg", 10 * i)) for i in range(3)]
+        threads, out = put_all(server, uploads[:1])
+        time.sleep(0.3)  # the leader is waiting for the lock
+        more, out_more = put_all(server, uploads[1:])
+        wait_queued(server, 3)
+        catalog.unlock(held.lock_id)
+        for t in threads + more:
+            t.join(60)
+        assert len(calls) == 1 and sorted(calls[0]) == ["g0", "g1", "g2"]  # one group, one call
+        assert all("simulated crash" in str(r) for r in out + out_more), out + out_more
+        assert client.read("t").num_rows == 0 and client.describe("t").version == before
+        for cid, data in uploads:  # the retries, one by one
+            assert client.put("t", data, commit_id=cid, source="iceberg")["applied"]
+    finally:
+        catalog.commit_all = real
+    assert client.describe("t").version == before + 3
+    assert sorted(client.read("t").column("id").to_pylist()) == [
+        *range(0, 5), *range(10, 15), *range(20, 25)
+    ]  # fmt: skip
     assert data_files(table) == committed_files(table)
 
 

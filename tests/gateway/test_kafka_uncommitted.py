@@ -50,19 +50,32 @@ def added(client: HarnessClient, since: int) -> list[int]:
     )
 
 
-def fail_commit_once(catalog: Any, commit_id: str) -> Callable[..., Any]:
-    """The gateway dies between producing and its harness commit (once)."""
-    real = catalog.commit
+def fail_commit_once(catalog: Any, commit_id: str) -> Callable[[], None]:
+    """The gateway dies between producing and its harness commit (once); returns what puts the
+    catalog back. A DoPut's version commits through ``commit_all`` (with its group's)."""
+    real, real_all = catalog.commit, catalog.commit_all
     left = [1]
+
+    def crash() -> None:
+        left[0] -= 1
+        raise RuntimeError("simulated crash between produce and the harness commit")
 
     def flaky(table: str, cid: str, **kw: Any) -> Any:
         if cid == commit_id and left[0]:
-            left[0] -= 1
-            raise RuntimeError("simulated crash between produce and the harness commit")
+            crash()
         return real(table, cid, **kw)
 
-    catalog.commit = flaky
-    return real
+    def flaky_all(table: str, commits: list[dict[str, Any]]) -> Any:
+        if any(c["commit_id"] == commit_id for c in commits) and left[0]:
+            crash()
+        return real_all(table, commits)
+
+    catalog.commit, catalog.commit_all = flaky, flaky_all
+
+    def restore() -> None:
+        catalog.commit, catalog.commit_all = real, real_all
+
+    return restore
 
 
 def doput_key(gateway: Any) -> bytes:
@@ -105,10 +118,10 @@ def test_abandoned_doput_never_surfaces_in_a_later_append(
     _, catalog = gateway
     client.put("t", rows(0, 5), commit_id="a")
     v_a = client.describe("t").version
-    real = fail_commit_once(catalog, "x")
+    restore = fail_commit_once(catalog, "x")
     with pytest.raises(Exception, match="simulated crash"):
         client.put("t", rows(100, 110), commit_id="x")  # produced, never committed nor retried
-    catalog.commit = real
+    restore()
     assert ids(client) == list(range(5))
     client.put("t", rows(5, 8), commit_id="y")
     assert ids(client) == list(range(8))
@@ -121,10 +134,10 @@ def test_a_late_retry_after_another_append_applies_once(
     gateway: tuple[Any, Any], client: HarnessClient, topic: str
 ) -> None:
     _, catalog = gateway
-    real = fail_commit_once(catalog, "x")
+    restore = fail_commit_once(catalog, "x")
     with pytest.raises(Exception, match="simulated crash"):
         client.put("t", rows(100, 110), commit_id="x")
-    catalog.commit = real
+    restore()
     client.put("t", rows(0, 3), commit_id="y")  # replaces x's intent marker
     client.put("t", rows(100, 110), commit_id="x")  # the late retry produces again
     assert ids(client) == list(range(3)) + list(range(100, 110))
@@ -188,10 +201,10 @@ def test_mover_copies_only_committed_rows(
         "t", "cold", "iceberg", config=iceberg.source_config("cold"), state={"snapshot_id": None}
     )
     client.put("t", rows(0, 3), commit_id="a", source="k")
-    real = fail_commit_once(catalog, "x")
+    restore = fail_commit_once(catalog, "x")
     with pytest.raises(Exception, match="simulated crash"):
         client.put("t", rows(100, 104), commit_id="x", source="k")
-    catalog.commit = real
+    restore()
     client.put("t", rows(3, 5), commit_id="y", source="k")
     Mover(client, "t", "k", "cold", wait_s=30).run_once()
     assert ids(client) == list(range(5))
@@ -228,10 +241,10 @@ def test_a_producer_cannot_pass_its_messages_off_as_a_commits(
         p.produce(topic, value=b'{"id": %d, "v": "forged"}' % (900 + i), partition=0,
                   headers=forged)  # fmt: skip
     assert p.flush(10) == 0
-    real = fail_commit_once(catalog, "x")
+    restore = fail_commit_once(catalog, "x")
     with pytest.raises(Exception, match="simulated crash"):
         client.put("t", rows(100, 105), commit_id="x")
-    catalog.commit = real
+    restore()
     client.put("t", rows(100, 105), commit_id="x")  # the retry finds its own rows only
     assert ids(client) == [*range(100, 105), 900, 901, 902]
 
@@ -272,10 +285,10 @@ def test_a_retry_grouped_behind_another_append_applies_once(
     from tests.conftest import client_for
 
     server, catalog = gateway
-    real = fail_commit_once(catalog, "x")
+    restore = fail_commit_once(catalog, "x")
     with pytest.raises(Exception, match="simulated crash"):
         client.put("t", rows(100, 110), commit_id="x")
-    catalog.commit = real
+    restore()
     key = ingest._Upload(server.core.gw, "t", "", {"k": pa.table({})}, 0, False).key
     held = catalog.lock("t", ["k"], owner="test", ttl_s=60)
     results: dict[str, Any] = {}

@@ -71,6 +71,18 @@ class Committer:
         except Exception as e:
             return e
 
+    def commit_all(
+        self, table: str, requests: Sequence[CommitRequest]
+    ) -> list[Outcome | BaseException]:
+        """Apply ``requests`` in order in one transaction, each as its own version. Unlike a
+        group of independent commits, a transaction that fails fails every request: the
+        requests of one writer build on each other's states, and none may apply without the
+        ones before it."""
+        try:
+            return list(self._apply(table, requests))
+        except HarnessError as e:
+            return [type(e)(str(e)) for _ in requests]
+
     def commit(self, table: str, request: CommitRequest) -> CommitResult:
         if self._groups is None:
             outcome = self._apply_group(table, [request])[0]

@@ -298,8 +298,9 @@ def _apply_group(
     """Uploads queued for the same sources, one after another under one lease: ``first`` takes
     the lease, then ``take`` gives every upload queued by then (``first`` first). Each still
     appends with its own commit id and gets its own version (a retry of any of them finds it),
-    but the lock is taken, and the table read, once for all of them. Under load most of a
-    lease's hold was that read and the lock's hand-over, not the writing (DESIGN §18)."""
+    but the lock is taken, the table read, and their versions committed once for all of them
+    (``_Pending``). Under load most of a lease's hold was that read, the lock's hand-over and
+    one catalog commit after another, not the writing (DESIGN §18)."""
     gw, table, catalog = first.gw, first.table, first.gw.catalog
     with leased(
         catalog,
@@ -314,52 +315,89 @@ def _apply_group(
         with tracing.span("recheck", table=table, uploads=len(uploads)):
             # Another try of a commit may have finished meanwhile; states fresh under the lock.
             latest, done = gw.snapshots.latest_unless_done(table, [u.commit_id for u in uploads])
-        states: dict[str, Any] = {}
+        pending = _Pending(gw, table)
         outcomes: list[dict[str, Any] | BaseException] = []
+        twins: dict[int, int] = {}  # a second try of a commit id in this group -> the first's
+        slots: dict[str, int] = {}
         for upload in uploads:
-            if upload.commit_id in done:  # also a second try of an id earlier in this group
+            if upload.commit_id in done:
                 outcomes.append(_not_applied(done[upload.commit_id]))
                 continue
-            snap = latest
-            assert snap is not None  # read unless every upload of the group was done
+            if upload.commit_id in slots:
+                twins[len(outcomes)] = slots[upload.commit_id]
+                outcomes.append(_not_applied(0))  # the first's outcome, below
+                continue
+            assert latest is not None  # read unless every upload of the group was done
+            slots[upload.commit_id] = len(outcomes)
             try:
-                outcome = _put_one(upload, snap, grant.lock_id, states)
-            except LockExpired as e:  # the lease is gone: nothing more commits under it
+                pending.append(upload, latest, grant.lock_id, len(outcomes))
+            except LockExpired as e:  # the lease is gone: nothing more is written under it
+                outcomes.append(e)
+                pending.fail(outcomes, e)
                 outcomes += [e] * (len(uploads) - len(outcomes))
                 break
             except Exception as e:  # this upload's own failure; the others go on
                 outcomes.append(e)
                 continue
-            done[upload.commit_id] = outcome["version"]
-            outcomes.append(outcome)
+            outcomes.append(_not_applied(0))  # replaced by its commit's outcome
+            if pending.marked:  # its intent marker must be cleared before the next one's
+                pending.commit(outcomes)
+        pending.commit(outcomes)
+    for twin, first_slot in twins.items():
+        got = outcomes[first_slot]
+        outcomes[twin] = got if isinstance(got, BaseException) else _not_applied(got["version"])
     return outcomes
 
 
-def _put_one(
-    upload: _Upload, snap: TableSnapshot, lock_id: str, states: dict[str, Any]
-) -> dict[str, Any]:
-    gw, table = upload.gw, upload.table
-    appender = _Appender(gw, table, upload.commit_id, lock_id, upload.merge)
-    updates = appender.append(snap, upload.parts, states, upload.prepared)
-    with tracing.span("commit", table=table):
-        res = gw.catalog.commit(
-            table,
-            upload.commit_id,
-            lock_id=lock_id,
-            updates=updates,
-            external_state=appender.markers or None,
-            summary={
-                ops.OPERATION: ops.DOPUT,
-                "rows": upload.rows,
-                "sources": sorted(upload.parts),
-                **({"merge": True} if upload.merge else {}),
-            },
-        )
-    for u in updates:
-        states[u["source"]] = u["state"]
-    log.info("DoPut %s into %s: %d rows -> version %d", upload.commit_id, table, upload.rows,
-             res.version)  # fmt: skip
-    return {"version": res.version, "applied": res.applied, "rows": upload.rows}
+class _Pending:
+    """Uploads of a group written under its lease whose versions are not committed yet: they
+    commit together, in order, in one catalog transaction (``Catalog.commit_all``), each as its
+    own version. Each upload's append starts from the states the ones before it wrote, so a
+    failed transaction fails them all (retries find what was written by commit id), and a
+    failed append takes no part. An upload that recorded an intent (Kafka) commits before the
+    next one appends: the next intent would replace its marker."""
+
+    def __init__(self, gw: Gateway, table: str) -> None:
+        self.gw, self.table = gw, table
+        self.states: dict[str, Any] = {}
+        self.commits: list[tuple[int, _Upload, dict[str, Any]]] = []  # (outcome slot, ...)
+        self.marked = False
+
+    def append(self, upload: _Upload, snap: TableSnapshot, lock_id: str, slot: int) -> None:
+        appender = _Appender(self.gw, self.table, upload.commit_id, lock_id, upload.merge)
+        updates = appender.append(snap, upload.parts, self.states, upload.prepared)
+        summary = {
+            ops.OPERATION: ops.DOPUT,
+            "rows": upload.rows,
+            "sources": sorted(upload.parts),
+            **({"merge": True} if upload.merge else {}),
+        }
+        commit = {"commit_id": upload.commit_id, "lock_id": lock_id, "updates": updates,
+                  "external_state": appender.markers or None, "summary": summary}  # fmt: skip
+        self.commits.append((slot, upload, commit))
+        self.marked = bool(appender.markers)
+        for u in updates:
+            self.states[u["source"]] = u["state"]
+
+    def commit(self, outcomes: list[dict[str, Any] | BaseException]) -> None:
+        if not self.commits:
+            return
+        with tracing.span("commit", table=self.table, uploads=len(self.commits)):
+            results = self.gw.catalog.commit_all(self.table, [c for _, _, c in self.commits])
+        for (slot, upload, _), res in zip(self.commits, results, strict=True):
+            if isinstance(res, BaseException):
+                outcomes[slot] = res
+                continue
+            log.info("DoPut %s into %s: %d rows -> version %d", upload.commit_id, self.table,
+                     upload.rows, res.version)  # fmt: skip
+            outcomes[slot] = {"version": res.version, "applied": res.applied, "rows": upload.rows}
+        self.commits, self.marked = [], False
+
+    def fail(self, outcomes: list[dict[str, Any] | BaseException], e: BaseException) -> None:
+        """Nothing pending commits (the lease is gone): each fails with ``e``."""
+        for slot, _, _ in self.commits:
+            outcomes[slot] = e
+        self.commits, self.marked = [], False
 
 
 #: Uploads of this gateway queued per ``_Upload.key``: the first of a key leads, waits for
