@@ -160,6 +160,7 @@ def _require_root(source: SourceRef, config: FilesConfig) -> str:
 
 
 class FilesKind(SourceKind):
+    group_appends = True  # one file per commit id, states from the published list
     config_model = FilesConfig
     cumulative = False  # compaction rewrites the list: streaming compares commit by commit
 

@@ -294,18 +294,34 @@ def _after_state(table: Any, ctx: AppendContext) -> Any | None:
     commit made (a retry reuses it), else None, once the table is back at the published state
     when only abandoned writes of the same harness table lie beyond it (``_drop_abandoned``)."""
     src = ctx.source
-    since, on_lineage = lineage_after(table, _snapshot_id(src.name, src.state))
-    for snap in since:
-        if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) == ctx.commit_id:
-            return snap
+    state_id = _snapshot_id(src.name, src.state)
+    since, on_lineage = lineage_after(table, state_id)
+    for i, snap in enumerate(since):
+        if snapshot_properties(snap).get(ops.SNAP_COMMIT_ID) != ctx.commit_id:
+            continue
+        # A group's uploads append one after another before their versions commit together
+        # (ingest._Pending): if that commit failed, this snapshot holds the rows of the group's
+        # earlier uploads too. Reusing it would publish them, and their retries would write
+        # them again; so every abandoned DoPut goes, and this one writes afresh.
+        others = [s for s in since[:i] if _doput_of(s, ctx.table)]
+        dropped = bool(others and on_lineage and ctx.table) and _drop_abandoned(
+            table, src.name, state_id, since, str(ctx.table)
+        )
+        return None if dropped else snap
     if since and on_lineage and ctx.table:
-        _drop_abandoned(table, src.name, _snapshot_id(src.name, src.state), since, ctx.table)
+        _drop_abandoned(table, src.name, state_id, since, ctx.table)
     return None
+
+
+def _doput_of(snap: Any, harness_table: str | None) -> bool:
+    """Whether ``snap`` is a DoPut of ``harness_table`` (not a move's or compaction's)."""
+    props = snapshot_properties(snap)
+    return props.get(ops.SNAP_TABLE) == harness_table and not ops.snapshot_is_relocation(props)
 
 
 def _drop_abandoned(
     table: Any, name: str, state_id: int | None, since: Sequence[Any], harness_table: str
-) -> None:
+) -> bool:
     """Move the table's main branch back to ``state_id`` when every snapshot after it is a
     DoPut of ``harness_table`` that no commit published (under the source's lock, a later one
     cannot be in flight): its gateway died between its Iceberg commit and the catalog's.
@@ -313,16 +329,14 @@ def _drop_abandoned(
     id, after the lock's lease ran out) would not find its snapshot past the new state and
     write them again: rows read twice (the failover chaos bench, 1 run in ~10). Moves and
     compactions (relocations), other harness tables' writes and writers outside the harness
-    are left as they are, written on top as before."""
+    are left as they are, written on top as before. True when the branch was moved back."""
     from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
     from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotRefUpdate
 
     from planners.iceberg_tx import transaction
 
-    for snap in since:
-        props = snapshot_properties(snap)
-        if props.get(ops.SNAP_TABLE) != harness_table or ops.snapshot_is_relocation(props):
-            return
+    if not all(_doput_of(snap, harness_table) for snap in since):
+        return False
     current = since[-1].snapshot_id
     log.warning("iceberg source %r: snapshots %s were written by harness commits that never "
                 "landed: the table goes back to snapshot %s", name,
@@ -335,6 +349,7 @@ def _drop_abandoned(
             tx._stage((removed,), (still,))
         else:
             tx._stage(*tx._set_ref_snapshot(state_id, MAIN_BRANCH, SnapshotRefType.BRANCH))
+    return True
 
 
 def added_data_files(table: Any, snap: Any) -> list[str]:
@@ -348,6 +363,7 @@ def added_data_files(table: Any, snap: Any) -> list[str]:
 
 
 class IcebergKind(SourceKind):
+    group_appends = True  # abandoned group snapshots are dropped, never reused
     config_model = IcebergConfig
     cumulative = False
     #: What ``load_table`` and a scan's plan import (``SourceKind.warm``).

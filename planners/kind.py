@@ -296,6 +296,12 @@ class SourceKind:
     #: into it for a table with a primary key replace those of their keys (``Merges``), where
     #: log-structured formats (Iceberg, Delta, files) take them as appends.
     keyed_store: ClassVar[bool] = False
+    #: DoPut may write several uploads into this kind, each from the states of the ones before
+    #: it, before their versions commit together (``core.write.ingest._Pending``). Only where a
+    #: retry after that commit failed never writes an earlier upload's rows a second time: a
+    #: kind that reuses what a retry finds past the published state must not reuse a write
+    #: that holds another upload's rows too (Iceberg drops those: ``_after_state``).
+    group_appends: ClassVar[bool] = False
     #: The typed config (a ``SourceConfig`` subclass).
     config_model: ClassVar[type[SourceConfig]] = SourceConfig
     #: The client library's modules the kind's first plan or read imports (``warm``).

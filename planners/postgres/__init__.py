@@ -355,6 +355,7 @@ def _engine_output(name: str, data_type: str) -> str:
 
 
 class PostgresKind(SourceKind):
+    group_appends = True  # COPY once per commit id; as_of read after it
     config_model = PostgresConfig
     keyed_store = True
     dedupe_tier = 1  # between Kafka (hotter) and the cold formats

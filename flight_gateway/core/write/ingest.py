@@ -340,7 +340,7 @@ def _apply_group(
                 outcomes.append(e)
                 continue
             outcomes.append(_not_applied(0))  # replaced by its commit's outcome
-            if pending.marked:  # its intent marker must be cleared before the next one's
+            if pending.marked:  # an intent marker, or a kind that commits each upload alone
                 pending.commit(outcomes)
         pending.commit(outcomes)
     for twin, first_slot in twins.items():
@@ -355,7 +355,8 @@ class _Pending:
     own version. Each upload's append starts from the states the ones before it wrote, so a
     failed transaction fails them all (retries find what was written by commit id), and a
     failed append takes no part. An upload that recorded an intent (Kafka) commits before the
-    next one appends: the next intent would replace its marker."""
+    next one appends: the next intent would replace its marker; so does one into a kind
+    without ``group_appends``."""
 
     def __init__(self, gw: Gateway, table: str) -> None:
         self.gw, self.table = gw, table
@@ -375,7 +376,8 @@ class _Pending:
         commit = {"commit_id": upload.commit_id, "lock_id": lock_id, "updates": updates,
                   "external_state": appender.markers or None, "summary": summary}  # fmt: skip
         self.commits.append((slot, upload, commit))
-        self.marked = bool(appender.markers)
+        alone = not all(get_kind(snap.source(n).kind).group_appends for n in upload.parts)
+        self.marked = bool(appender.markers) or alone
         for u in updates:
             self.states[u["source"]] = u["state"]
 
