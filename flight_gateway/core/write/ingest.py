@@ -340,8 +340,12 @@ def _apply_group(
                 outcomes.append(e)
                 continue
             outcomes.append(_not_applied(0))  # replaced by its commit's outcome
-            if pending.marked:  # an intent marker, or a kind that commits each upload alone
-                pending.commit(outcomes)
+            # An intent marker, or a kind that commits each upload alone: commit now. If that
+            # failed, the next uploads would write on top of states no version published.
+            failed = pending.commit(outcomes) if pending.marked else None
+            if failed is not None:
+                outcomes += [failed] * (len(uploads) - len(outcomes))
+                break
         pending.commit(outcomes)
     for twin, first_slot in twins.items():
         got = outcomes[first_slot]
@@ -381,19 +385,27 @@ class _Pending:
         for u in updates:
             self.states[u["source"]] = u["state"]
 
-    def commit(self, outcomes: list[dict[str, Any] | BaseException]) -> None:
+    def commit(self, outcomes: list[dict[str, Any] | BaseException]) -> BaseException | None:
+        """Commit what is pending, each outcome in its slot; the first failure, if any."""
         if not self.commits:
-            return
+            return None
+        failed: BaseException | None = None
         with tracing.span("commit", table=self.table, uploads=len(self.commits)):
-            results = self.gw.catalog.commit_all(self.table, [c for _, _, c in self.commits])
+            try:
+                commits = [c for _, _, c in self.commits]
+                results = self.gw.catalog.commit_all(self.table, commits)
+            except Exception as e:  # the catalog's transaction failed: none applied
+                results = [e] * len(self.commits)
         for (slot, upload, _), res in zip(self.commits, results, strict=True):
             if isinstance(res, BaseException):
                 outcomes[slot] = res
+                failed = failed or res
                 continue
             log.info("DoPut %s into %s: %d rows -> version %d", upload.commit_id, self.table,
                      upload.rows, res.version)  # fmt: skip
             outcomes[slot] = {"version": res.version, "applied": res.applied, "rows": upload.rows}
         self.commits, self.marked = [], False
+        return failed
 
     def fail(self, outcomes: list[dict[str, Any] | BaseException], e: BaseException) -> None:
         """Nothing pending commits (the lease is gone): each fails with ``e``."""
