@@ -53,7 +53,7 @@ from planners.kind import (
     SourceKind,
     SourceRef,
 )
-from planners.postgres.cache import CACHE, PinnedRows, cache_key, instant, kept
+from planners.postgres.cache import CACHE, cache_key, instant, kept
 from planners.postgres.pool import ADBC
 from planners.postgres.split import check_type, key_ranges
 from planners.predicates import quote_ident, to_sql
@@ -556,12 +556,8 @@ class PostgresKind(SourceKind):
                     request, task, config, mapping, types, written + _written(request, task)
                 )
             )
-            added = cur.fetch_arrow_table()
-            if added.schema == base.rows.schema:
-                rows = pa.concat_tables([base.rows, added])
-                CACHE.add(key, PinnedRows(at, as_of, rows))
-                CACHE.extended[key] += 1
-                return rows
+            CACHE.extended[key] += 1
+            return kept(cur.fetch_record_batch(), key, at, as_of, base=base.rows)
         CACHE.misses[key] += 1
         cur.execute(self._select(request, task, config, mapping, types))
         return kept(cur.fetch_record_batch(), key, at, as_of)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import itertools
 import json
 import threading
 import time
@@ -133,30 +134,39 @@ def cache_key(dsn: str, table: str, query: str, types: dict[str, str]) -> str:
 
 
 def kept(
-    reader: pa.RecordBatchReader, key: str, at: dt.datetime, as_of: str, cache: PinnedCache = CACHE
+    reader: pa.RecordBatchReader,
+    key: str,
+    at: dt.datetime,
+    as_of: str,
+    cache: PinnedCache = CACHE,
+    base: pa.Table | None = None,
 ) -> pa.RecordBatchReader:
-    """``reader``, whose rows are added to ``cache`` when it is read to its end and they fit.
-    One read per key keeps its rows at a time (the others just stream): rows held while they
-    stream are bounded by the keys being filled, not by the reads in flight."""
-    if not cache.claim(key):
-        return reader
-    limit = cache.max_bytes // 4
+    """``base`` (rows kept at an earlier instant), then ``reader``'s rows (those written since,
+    or all of them), streamed; added to ``cache`` as the rows at ``at`` when read to the end and
+    they fit. One read per key keeps its rows at a time (the others just stream): rows held while
+    they stream are bounded by the keys being filled, not by the reads in flight."""
+    schema = reader.schema if base is None else base.schema
+    if base is not None and not reader.schema.equals(base.schema):
+        raise ValueError(f"rows written since came as {reader.schema}, not {base.schema}")
+    first = [] if base is None else base.to_batches()
+    mine = cache.claim(key)
 
     def gen() -> Iterator[pa.RecordBatch]:
-        held: list[pa.RecordBatch] | None = []
+        held: list[pa.RecordBatch] | None = [] if mine else None
         size = 0
         try:
-            for batch in reader:
+            for batch in itertools.chain(first, reader):
                 if held is not None:
                     size += batch.nbytes
-                    if size <= limit:
+                    if size <= cache.max_bytes // 4:
                         held.append(batch)
                     else:
                         held = None
                 yield batch
             if held is not None:
-                cache.add(key, PinnedRows(at, as_of, pa.Table.from_batches(held, reader.schema)))
+                cache.add(key, PinnedRows(at, as_of, pa.Table.from_batches(held, schema)))
         finally:
-            cache.release(key)
+            if mine:
+                cache.release(key)
 
-    return pa.RecordBatchReader.from_batches(reader.schema, gen())
+    return pa.RecordBatchReader.from_batches(schema, gen())

@@ -147,3 +147,23 @@ def test_one_read_per_key_keeps_rows_and_only_when_read_whole() -> None:
     assert kept(reader(), "k", at, "a", cache).read_all().equals(rows)
     hit = cache.before("k", at)
     assert hit is not None and hit.rows.equals(rows)
+
+
+def test_rows_written_since_stream_after_the_kept_ones() -> None:
+    """An extended read streams the rows written since (never whole in memory) after the kept
+    ones, and keeps them all as the newer instant."""
+    cache = PinnedCache()
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    base = pa.table({"x": list(range(10))})
+    since = pa.table({"x": list(range(10, 25))})
+    reader = pa.RecordBatchReader.from_batches(since.schema, since.to_batches(max_chunksize=4))
+    later = at + dt.timedelta(seconds=1)
+    got = kept(reader, "k", later, "b", cache, base=base).read_all()
+    assert got.column("x").to_pylist() == list(range(25))
+    hit = cache.before("k", later)
+    assert hit is not None and hit.at == "b" and hit.rows.equals(got)
+    other = pa.RecordBatchReader.from_batches(
+        pa.schema([("x", pa.string())]), [pa.record_batch({"x": ["a"]})]
+    )
+    with pytest.raises(ValueError, match="came as"):
+        kept(other, "k", later, "b", cache, base=base)
