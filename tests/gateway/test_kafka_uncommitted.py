@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.protocol.errors import InvalidArgument
+from flight_gateway.protocol.errors import InvalidArgument, Unavailable
 from planners.kafka.produce import tag
 from planners.kafka.ranges import skips, visible, with_range
 from tests.gateway.helpers import IcebergFixture
@@ -317,3 +317,79 @@ def test_a_retry_grouped_behind_another_append_applies_once(
         t.join(60)
     assert all(r["applied"] for r in results.values()), results
     assert ids(client) == [0, 1, 2, *range(100, 110)]
+
+
+def _topic_ids(bootstrap: str, topic: str) -> list[int]:
+    """The ``id`` of every message in the topic's partition 0 (what was produced, committed
+    or not)."""
+    import json
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}",
+                  "enable.auto.commit": False})  # fmt: skip
+    try:
+        end = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+        c.assign([TopicPartition(topic, 0, 0)])
+        out: list[int] = []
+        at, deadline = 0, time.monotonic() + 30
+        while at < end and time.monotonic() < deadline:
+            for m in c.consume(500, timeout=1):
+                if m.error() is None:
+                    at = m.offset() + 1
+                    if m.value():
+                        out.append(int(json.loads(m.value())["id"]))
+        return out
+    finally:
+        c.close()
+
+
+def test_a_failed_commit_in_a_group_stops_the_uploads_after_it(
+    gateway: tuple[Any, Any], client: HarnessClient, topic: str, kafka_bootstrap: str
+) -> None:
+    """Each Kafka upload of a DoPut group commits before the next one writes (the next intent
+    would replace its marker). When that commit fails, the uploads after it fail without
+    producing anything (they would have written on top of a state no version published), and
+    each retry applies once."""
+    from flight_gateway.core.write import ingest
+    from tests.conftest import client_for
+
+    server, catalog = gateway
+    key = ingest._Upload(server.core.gw, "t", "", {"k": pa.table({})}, 0, False).key
+    held = catalog.lock("t", ["k"], owner="test", ttl_s=60)
+    real_all = catalog.commit_all
+
+    def refusing(table: str, commits: list[dict[str, Any]]) -> Any:
+        if any(c["commit_id"] == "a" for c in commits):  # a check refused it, say
+            return [Unavailable("simulated refusal of the harness commit") for _ in commits]
+        return real_all(table, commits)
+
+    catalog.commit_all = refusing
+    results: dict[str, Any] = {}
+    uploads = {"a": rows(0, 10), "b": rows(10, 20), "c": rows(20, 30)}
+
+    def put(commit_id: str) -> None:
+        with client_for(server) as c:
+            try:
+                results[commit_id] = c.put("t", uploads[commit_id], commit_id=commit_id)
+            except Exception as e:
+                results[commit_id] = e
+
+    threads = []
+    for n, cid in enumerate(uploads, start=1):  # a leads, b and c queue behind it
+        threads.append(threading.Thread(target=put, args=(cid,)))
+        threads[-1].start()
+        deadline = time.monotonic() + 30
+        while ingest._GROUPS.queued(key) < n:
+            assert time.monotonic() < deadline, "the uploads did not queue"
+            time.sleep(0.02)
+    catalog.unlock(held.lock_id)
+    for t in threads:
+        t.join(60)
+    catalog.commit_all = real_all
+    assert all("simulated refusal" in str(r) for r in results.values()), results
+    assert sorted(_topic_ids(kafka_bootstrap, topic)) == list(range(10))  # a's only
+    assert ids(client) == []
+    for cid in uploads:
+        assert client.put("t", uploads[cid], commit_id=cid)["applied"]
+    assert ids(client) == list(range(30))
