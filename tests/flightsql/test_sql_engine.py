@@ -20,6 +20,7 @@ import pytest
 
 from clients import HarnessClient
 from flight_gateway.protocol.flightsql import pack, pb
+from planners.postgres.cache import CACHE as PINNED_ROWS
 from tests.gateway.helpers import DuckLakeFixture, client_for, running_gateway, versioned_table
 
 pytestmark = pytest.mark.integration
@@ -270,6 +271,9 @@ def test_postgres_credentials_never_reach_the_caller(
         # Read natively first: a statement would make the pinned rows slices, and the next
         # statement would read those instead of the server.
         assert client.read("s").num_rows == 0
+        # Nor the rows that read kept (planners.postgres.cache): the statement must reach the
+        # server to fail there.
+        PINNED_ROWS.clear()
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(f'ALTER TABLE "{name}_history" RENAME TO "{name}_gone"')
         try:
