@@ -179,7 +179,8 @@ SELECT a.attname,
                              CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END)
             WHEN t.typcategory = 'A' THEN 'ARRAY'
             WHEN t.typnamespace <> 'pg_catalog'::regnamespace THEN 'USER-DEFINED'
-            ELSE format_type(a.atttypid, a.atttypmod) END
+            ELSE format_type(a.atttypid, a.atttypmod) END,
+       a.attrelid::bigint, pg_relation_filenode(a.attrelid)::bigint
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_type t ON t.oid = a.atttypid
@@ -194,11 +195,21 @@ ORDER BY a.attnum
 def _columns(cur: Any, config: PostgresConfig, source: str) -> dict[str, str]:
     """Column name -> data type of the table (system columns left out). Only whether a type
     is numeric, and its precision, matter to the reads (``_output``, ``_engine_output``)."""
+    return _columns_and_storage(cur, config, source)[0]
+
+
+def _columns_and_storage(
+    cur: Any, config: PostgresConfig, source: str
+) -> tuple[dict[str, str], tuple[int, int]]:
+    """``_columns``, and the table's (oid, file node): a table dropped and created again under
+    its name has another oid, and one truncated another file node. Neither leaves history,
+    so the pinned rows kept of the table before (``planners.postgres.cache``) are not its."""
     cur.execute(_COLUMNS_SQL, parameters=(config.qualified(),))
-    available = {r[0]: r[1] for r in cur.fetchall() if r[0] not in SYSTEM_COLUMNS}
+    rows = cur.fetchall()
+    available = {r[0]: r[1] for r in rows if r[0] not in SYSTEM_COLUMNS}
     if not available:
         raise NotFound(f"source {source!r}: table {config.schema}.{config.table} does not exist")
-    return available
+    return available, (int(rows[0][2]), int(rows[0][3] or 0))
 
 
 @dataclass(frozen=True)
@@ -507,10 +518,11 @@ class PostgresKind(SourceKind):
             at = instant(src.state["as_of"])
 
         def start(cur: Any) -> tuple[pa.RecordBatchReader | pa.Table, dict[str, str]]:
-            types = _columns(cur, config, src.name)
+            types, storage = _columns_and_storage(cur, config, src.name)
             mapping = physical_names(cols, types)
             if at is not None:
-                return self._pinned(request, task, config, (types, mapping), at, cur), mapping
+                shape = (types, mapping, storage)
+                return self._pinned(request, task, config, shape, at, cur), mapping
             cur.execute(self._select(request, task, config, mapping, types))
             return cur.fetch_record_batch(), mapping
 
@@ -531,20 +543,19 @@ class PostgresKind(SourceKind):
         request: ScanRequest,
         task: ScanTask,
         config: PostgresConfig,
-        shape: tuple[dict[str, str], dict[str, str]],
+        shape: tuple[dict[str, str], dict[str, str], tuple[int, int]],
         at: dt.datetime,
         cur: Any,
     ) -> pa.Table | pa.RecordBatchReader:
         """The task's rows at the pinned ``as_of`` (``at``): held by the cache, or the cache's
         newest earlier rows and those written since, or all of them from the server (streamed,
         and kept when they fit)."""
-        types, mapping = shape
+        types, mapping, storage = shape
         lit, as_of = postgres_literal, request.source.state["as_of"]
         within = _key_range(task.payload, lit)
         query = self._select(request, task, config, mapping, types, "{as_of}" + within)
-        key = cache_key(
-            config.dsn, config.qualified(), query, {c: types[c] for c in mapping.values()}
-        )
+        selected = {c: types[c] for c in mapping.values()}
+        key = cache_key(config.dsn, config.qualified(), query, selected, storage)
         base = CACHE.before(key, at)
         if base is not None and base.as_of == at:
             CACHE.hits[key] += 1

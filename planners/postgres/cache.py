@@ -15,11 +15,12 @@ started at or before T1 -- then it was visible at T1, and is in the cached rows 
 and then the second query returns it. A version visible at T1 but not at T2 was closed in
 (T1, T2], and its closed copy is in the history table: the first query sees it, and the read
 falls back to all rows. Writers commit before the ``as_of`` that shows their rows, so the rows
-of (T1, T2] are all there when T2 is read. TRUNCATE and deleting history rows bypass history
-and would break reads at old ``as_of`` values anyway.
+of (T1, T2] are all there when T2 is read. Deleting history rows bypasses history and would
+break reads at old ``as_of`` values anyway.
 
 Entries are keyed by everything that decides the rows: DSN, the query's text without its
-instant (columns, filter, key range), and the selected columns' types. Per key the newest few
+instant (columns, filter, key range), the selected columns' types, and the table's oid and file
+node (a table dropped and created again under its name, or truncated, leaves no history). Per key the newest few
 instants are kept; they share the older rows' buffers (a table of chunks).
 """
 
@@ -127,9 +128,13 @@ class PinnedCache:
 CACHE = PinnedCache()
 
 
-def cache_key(dsn: str, table: str, query: str, types: dict[str, str]) -> str:
-    """``table/digest``: hashed, as the DSN may hold a password."""
-    digest = hashlib.sha256(json.dumps([dsn, query, types], sort_keys=True).encode()).hexdigest()
+def cache_key(
+    dsn: str, table: str, query: str, types: dict[str, str], storage: tuple[int, int] = (0, 0)
+) -> str:
+    """``table/digest``: hashed, as the DSN may hold a password. ``storage``: the table's oid
+    and file node (a table created again, or truncated, keeps nothing of before)."""
+    shape = [dsn, query, types, list(storage)]
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
     return f"{table}/{digest}"
 
 

@@ -167,3 +167,27 @@ def test_rows_written_since_stream_after_the_kept_ones() -> None:
     )
     with pytest.raises(ValueError, match="came as"):
         kept(other, "k", later, "b", cache, base=base)
+
+
+def test_a_table_created_again_or_truncated_keeps_nothing_of_before(
+    client: HarnessClient, pg_dsn: str
+) -> None:
+    """DROP + CREATE under the same name, and TRUNCATE, leave no history: the kept rows are
+    keyed by the table's oid and file node, so the next read asks for everything."""
+    name, _ = _table(client, pg_dsn)
+    assert client.read("t").num_rows == 100
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP TABLE "{name}", "{name}_history"')
+    # The same name, versioned again, with other rows.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{name}" (id bigint PRIMARY KEY, name text)')
+        from planners.postgres.versioning import enable_versioning
+
+        enable_versioning(conn, name)
+    _pin(client, _write(pg_dsn, f"INSERT INTO \"{name}\" VALUES (7, 'again')"))
+    assert client.read("t").column("id").to_pylist() == [7]
+    assert _counts(name) == (0, 0, 2)
+
+    _pin(client, _write(pg_dsn, f'TRUNCATE "{name}"', f"INSERT INTO \"{name}\" VALUES (8, 'x')"))
+    assert client.read("t").column("id").to_pylist() == [8]
+    assert _counts(name) == (0, 0, 3)
