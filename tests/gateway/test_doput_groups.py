@@ -85,12 +85,28 @@ def wait_queued(server: Any, n: int) -> None:
         time.sleep(0.02)
 
 
+def grouped(
+    server: Any, catalog: Any, lead: tuple[str, pa.Table], rest: list[tuple[str, pa.Table]], n: int
+) -> list[Any]:
+    """``lead`` waits for the source's lock, held here, while ``rest`` queue behind it in the
+    gateway (``n`` queued in all, the leader included); then the lock goes: every outcome (or
+    error), ``lead``'s first."""
+    held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
+    threads, out = put_all(server, [lead])
+    time.sleep(0.3)  # the leader is waiting for the lock
+    more, out_more = put_all(server, rest)
+    wait_queued(server, n)
+    catalog.unlock(held.lock_id)
+    for t in threads + more:
+        t.join(60)
+    return out + out_more
+
+
 def test_queued_uploads_commit_under_one_lease_each_with_its_own_version(
     gateway, client: HarnessClient, table: IcebergFixture
 ) -> None:
     server, catalog = gateway
     before = client.describe("t").version
-    held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
     # The first upload leads and waits for the lock; the rest queue behind it in the gateway
     # (a principal has four uploads in progress at most), one of them a second try of an id
     # already queued (its reply "lost" before it was sent).
@@ -98,14 +114,7 @@ def test_queued_uploads_commit_under_one_lease_each_with_its_own_version(
         ("up-1", rows("iceberg", 10))
     ]
     groups = groups_observed()
-    threads, out = put_all(server, uploads[:1])
-    time.sleep(0.3)  # the leader is waiting for the lock
-    more, out_more = put_all(server, uploads[1:])
-    wait_queued(server, 4)
-    catalog.unlock(held.lock_id)
-    for t in threads + more:
-        t.join(60)
-    results = out + out_more
+    results = grouped(server, catalog, uploads[0], uploads[1:], 4)
     assert not [r for r in results if isinstance(r, BaseException)], results
     assert groups_observed() - groups == 1  # the leader and the three queued while it waited
     applied = {
@@ -149,24 +158,17 @@ def test_a_failing_upload_fails_alone_and_its_retry_applies_once(
             raise RuntimeError("simulated failure before the harness commit")
         return state
 
-    held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
     monkeypatch.setattr(IcebergKind, "append", flaky_append)
     try:
-        threads, out = put_all(server, [("lead", rows("iceberg", 0))])
-        time.sleep(0.3)
         uploads = [
             ("a", rows("iceberg", 10)),
             ("bad", rows("iceberg", 20)),
             ("b", rows("iceberg", 30)),
         ]
-        more, out_more = put_all(server, uploads)
-        wait_queued(server, 4)
-        catalog.unlock(held.lock_id)
-        for t in threads + more:
-            t.join(60)
+        lead, *out_more = grouped(server, catalog, ("lead", rows("iceberg", 0)), uploads, 4)
     finally:
         monkeypatch.undo()
-    assert out[0]["applied"] and out_more[0]["applied"] and out_more[2]["applied"]
+    assert lead["applied"] and out_more[0]["applied"] and out_more[2]["applied"]
     assert isinstance(out_more[1], Exception) and "simulated failure" in str(out_more[1])
     assert sorted(client.read("t").column("id").to_pylist()) == sorted(
         [*range(0, 5), *range(10, 15), *range(30, 35)]
@@ -203,19 +205,12 @@ def test_a_group_commits_its_versions_in_one_transaction_and_fails_whole(
             raise RuntimeError("simulated crash before the harness commit")
         return real(name, commits)
 
-    held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
     catalog.commit_all = crashing
     try:
         uploads = [(f"g{i}", rows("iceberg", 10 * i)) for i in range(3)]
-        threads, out = put_all(server, uploads[:1])
-        time.sleep(0.3)  # the leader is waiting for the lock
-        more, out_more = put_all(server, uploads[1:])
-        wait_queued(server, 3)
-        catalog.unlock(held.lock_id)
-        for t in threads + more:
-            t.join(60)
+        results = grouped(server, catalog, uploads[0], uploads[1:], 3)
         assert len(calls) == 1 and sorted(calls[0]) == ["g0", "g1", "g2"]  # one group, one call
-        assert all("simulated crash" in str(r) for r in out + out_more), out + out_more
+        assert all("simulated crash" in str(r) for r in results), results
         assert client.read("t").num_rows == 0 and client.describe("t").version == before
         # The retries, one by one, the last first: its Iceberg snapshot holds the rows of the
         # two before it too, which no commit published (their retries must not write them twice).
