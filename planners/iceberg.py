@@ -16,6 +16,7 @@ Streaming: the data files of the snapshots appended between two states, relocati
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -530,6 +531,49 @@ class IcebergKind(SourceKind):
             data = fit_to_schema(rows, table.schema().as_arrow(), ctx.aliases)
             iceberg_tx.append(table, data, props)
         return {**src.state, "snapshot_id": table.current_snapshot().snapshot_id}
+
+    def append_many(
+        self, ctxs: Sequence[AppendContext], rows: Sequence[pa.Table]
+    ) -> list[dict[str, Any]]:
+        """A DoPut group's uploads as one Iceberg transaction of one snapshot each
+        (``AppendsMany``). When one of them was tried before (a retry: its snapshot may lie
+        past the published state), they are appended one by one instead, as ``append`` finds
+        and reuses what was written."""
+        from planners import iceberg_tx
+
+        first = ctxs[0]
+        src = first.source
+        table = load_table(src.config, first.guard)
+        state_id = _snapshot_id(src.name, src.state)
+        since, on_lineage = lineage_after(table, state_id)
+        tried = {snapshot_properties(s).get(ops.SNAP_COMMIT_ID) for s in since}
+        if len(ctxs) == 1 or any(c.commit_id in tried for c in ctxs):
+            return self._append_each(ctxs, rows)
+        if since and on_lineage and first.table:
+            _drop_abandoned(table, src.name, state_id, since, first.table)
+        batches = []
+        for ctx, part in zip(ctxs, rows, strict=True):
+            prepared = ctx.prepared
+            if not (
+                isinstance(prepared, iceberg_tx.PreparedFiles) and iceberg_tx.fits(table, prepared)
+            ):
+                data = fit_to_schema(part, table.schema().as_arrow(), ctx.aliases)
+                prepared = iceberg_tx.write_data_files(table, data)
+            batches.append(
+                (prepared, ops.write_properties(ctx.commit_id, ctx.relocation, ctx.table))
+            )
+        ids = iceberg_tx.append_many(table, batches)
+        return [{**src.state, "snapshot_id": i} for i in ids]
+
+    def _append_each(
+        self, ctxs: Sequence[AppendContext], rows: Sequence[pa.Table]
+    ) -> list[dict[str, Any]]:
+        states, state = [], ctxs[0].source.state
+        for ctx, part in zip(ctxs, rows, strict=True):
+            source = dataclasses.replace(ctx.source, state=state)
+            state = self.append(dataclasses.replace(ctx, source=source), part)
+            states.append(state)
+        return states
 
     def prepare_append(self, ctx: AppendContext, rows: pa.Table) -> Any:
         """The rows written as the table's data files before the lease: under it, an append

@@ -22,7 +22,7 @@ import logging
 import threading
 import types
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -125,6 +125,27 @@ def append_files(
             for data_file in prepared.files:
                 files.append_data_file(data_file)
         prepared.used = True
+
+
+def append_many(
+    table: Table, batches: Sequence[tuple[PreparedFiles, Mapping[str, str]]]
+) -> list[int]:
+    """Commit each ``(files, snapshot properties)`` as its own append snapshot, in order, each
+    the parent of the next, in one transaction: one metadata file and one catalog commit for
+    all of them. The snapshots' ids, in order."""
+    from pyiceberg.table.refs import MAIN_BRANCH
+
+    ids = []
+    with transaction(table) as tx:
+        for prepared, props in batches:
+            producer = tx._append_snapshot_producer(dict(props), branch=MAIN_BRANCH)
+            with producer as files:
+                for data_file in prepared.files:
+                    files.append_data_file(data_file)
+            ids.append(producer._snapshot_id)
+        for prepared, _ in batches:
+            prepared.used = True
+    return ids
 
 
 def delete_files(table: Table, prepared: PreparedFiles) -> None:

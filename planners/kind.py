@@ -382,6 +382,22 @@ class PreparesAppends(Protocol):
 
 
 @runtime_checkable
+class AppendsMany(Protocol):
+    """An ``Appendable`` with ``group_appends`` that writes a DoPut group's uploads into one
+    source in one step (an Iceberg transaction of one snapshot per upload: one metadata file
+    and one catalog commit for all of them, where each upload's own commit had cost a lock
+    holder 0.2-1.4 s on a loaded machine). ``rows[i]`` is appended for ``ctxs[i]``, in order,
+    each on top of the one before, starting from ``ctxs[0].source.state`` (every context
+    carries that state); it returns the state after each, one per upload, idempotently by
+    each ``ctx.commit_id`` as ``append`` is. When it raises, every upload of the step fails
+    and none is published; retries find by commit id what was written."""
+
+    def append_many(
+        self, ctxs: Sequence[AppendContext], rows: Sequence[pa.Table]
+    ) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
 class Merges(Protocol):
     """DoPut with row operations (``mode: "merge"``): ``upserts`` replace every earlier row of
     their primary key ``key`` (harness names), ``deletes`` (the key columns only) remove every

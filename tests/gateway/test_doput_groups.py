@@ -114,7 +114,10 @@ def test_queued_uploads_commit_under_one_lease_each_with_its_own_version(
         ("up-1", rows("iceberg", 10))
     ]
     groups = groups_observed()
+    metadata = metadata_files(table)
     results = grouped(server, catalog, uploads[0], uploads[1:], 4)
+    # One Iceberg transaction for the group's three snapshots: one metadata file.
+    assert len(metadata_files(table) - metadata) == 1
     assert not [r for r in results if isinstance(r, BaseException)], results
     assert groups_observed() - groups == 1  # the leader and the three queued while it waited
     applied = {
@@ -144,37 +147,48 @@ def test_queued_uploads_commit_under_one_lease_each_with_its_own_version(
     )
 
 
-def test_a_failing_upload_fails_alone_and_its_retry_applies_once(
+def test_a_group_is_one_iceberg_transaction_and_a_failed_one_fails_every_upload(
     gateway, client: HarnessClient, table: IcebergFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """An Iceberg group is one transaction of one snapshot per upload (``AppendsMany``): one
+    metadata file for all. When the gateway fails after it landed and before the harness
+    commit, every upload fails, and each retry (the middle one first: snapshots of the group
+    lie before and after its own) applies once."""
     from planners.iceberg import IcebergKind
 
     server, catalog = gateway
-    real_append = IcebergKind.append
+    real_many = IcebergKind.append_many
+    steps: list[list[str]] = []
 
-    def flaky_append(self: IcebergKind, ctx: Any, data: pa.Table) -> Any:
-        state = real_append(self, ctx, data)
-        if ctx.commit_id == "bad":  # the gateway fails after writing, before committing this one
+    def crashing(self: IcebergKind, ctxs: Any, data: Any) -> Any:
+        states = real_many(self, ctxs, data)
+        steps.append([c.commit_id for c in ctxs])
+        if len(steps) == 1:  # the Iceberg transaction landed; the harness commit never comes
             raise RuntimeError("simulated failure before the harness commit")
-        return state
+        return states
 
-    monkeypatch.setattr(IcebergKind, "append", flaky_append)
+    monkeypatch.setattr(IcebergKind, "append_many", crashing)
+    metadata = metadata_files(table)
     try:
-        uploads = [
-            ("a", rows("iceberg", 10)),
-            ("bad", rows("iceberg", 20)),
-            ("b", rows("iceberg", 30)),
-        ]
-        lead, *out_more = grouped(server, catalog, ("lead", rows("iceberg", 0)), uploads, 4)
+        uploads = [(cid, rows("iceberg", n)) for cid, n in (("a", 10), ("bad", 20), ("b", 30))]
+        results = grouped(server, catalog, ("lead", rows("iceberg", 0)), uploads, 4)
     finally:
         monkeypatch.undo()
-    assert lead["applied"] and out_more[0]["applied"] and out_more[2]["applied"]
-    assert isinstance(out_more[1], Exception) and "simulated failure" in str(out_more[1])
-    assert sorted(client.read("t").column("id").to_pylist()) == sorted(
-        [*range(0, 5), *range(10, 15), *range(30, 35)]
+    assert (
+        len(steps) == 1 and steps[0][0] == "lead" and sorted(steps[0]) == ["a", "b", "bad", "lead"]
     )
-    res = client.put("t", rows("iceberg", 20), commit_id="bad", source="iceberg")
-    assert res["applied"]
+    assert len(metadata_files(table) - metadata) == 1  # four snapshots, one metadata file
+    assert len(table.catalog.load_table("db.grouped").snapshots()) == 4
+    assert all("simulated failure" in str(r) for r in results), results
+    assert client.read("t").num_rows == 0
+    firsts = {"lead": 0, "a": 10, "bad": 20, "b": 30}
+    middle = steps[0][2]  # the group's snapshots lie before and after its own
+    for cid in [middle, *(c for c in steps[0] if c != middle)]:
+        assert client.put("t", rows("iceberg", firsts[cid]), commit_id=cid, source="iceberg")[
+            "applied"
+        ]
+    again = client.put("t", rows("iceberg", 20), commit_id="bad", source="iceberg")
+    assert not again["applied"] and again["version"] == catalog.find_commit("t", "bad")
     ids = sorted(client.read("t").column("id").to_pylist())
     assert ids == sorted([*range(0, 5), *range(10, 15), *range(20, 25), *range(30, 35)])
     direct = (
@@ -183,9 +197,14 @@ def test_a_failing_upload_fails_alone_and_its_retry_applies_once(
         .to_arrow()
     )
     assert sorted(direct.column("id").to_pylist()) == ids
-    # The retry wrote its rows' file before its lease, then found its first try's snapshot:
-    # that file was removed, so every data file on disk is one a snapshot names.
+    # Every data file on disk is one a snapshot names (what the retries' prepared files and
+    # the dropped snapshots left was removed or is named).
     assert data_files(table) == committed_files(table)
+
+
+def metadata_files(table: IcebergFixture) -> set[str]:
+    location = table.catalog.load_table("db.grouped").location().removeprefix("file://")
+    return {str(p) for p in Path(location, "metadata").glob("*.metadata.json")}
 
 
 def test_a_group_commits_its_versions_in_one_transaction_and_fails_whole(

@@ -39,7 +39,7 @@ from flight_gateway.core.write.merge import last_per_key, mode, with_ops
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.arrow_types import parse_type
 from flight_gateway.protocol.errors import InvalidArgument, LockExpired, ResourceExhausted
-from planners.kind import Appendable, AppendContext, Merges, PreparesAppends
+from planners.kind import Appendable, AppendContext, AppendsMany, Merges, PreparesAppends
 from planners.predicates import coerce
 from planners.registry import get_kind
 
@@ -237,12 +237,16 @@ class _Appender:
         parts: Mapping[str, pa.Table],
         states: Mapping[str, Any],
         prepared: Mapping[str, Any],
+        later: list[_Later] | None = None,
     ) -> list[dict[str, Any]]:
         """``states``: the sources' states the uploads before this one in its group committed
         (``snap`` was read before them); ``prepared``: what was written of each part before
-        the lease (``_prepare``)."""
+        the lease (``_prepare``). Given ``later``, the parts into kinds that append a group in
+        one step (``AppendsMany``) are added to it instead of written, their updates' states
+        left to that step."""
         aliases = {f.name: f.aliases for f in snap.schema.fields}
-        updates = []
+        updates: list[dict[str, Any]] = []
+        deferred: list[_Later] = []
         for name, part in parts.items():
             kind, ref = bind(self.gw, snap, name, states.get(name))
             assert isinstance(kind, Appendable)
@@ -258,6 +262,10 @@ class _Appender:
                 self.gw.tag_key(snap.table_id, name),
                 prepared=prepared.get(name),
             )
+            if later is not None and not self.merge and isinstance(kind, AppendsMany):
+                updates.append({"source": name, "state": None})
+                deferred.append(_Later(name, kind, ctx, part, updates[-1]))
+                continue
             with tracing.span("write", source=name, kind=ref.kind, rows=part.num_rows):
                 if self.merge:
                     assert isinstance(kind, Merges)
@@ -266,7 +274,21 @@ class _Appender:
                 else:
                     state = kind.append(ctx, part)
             updates.append({"source": name, "state": state})
+        if later is not None:  # only once every part written now was written
+            later += deferred
         return updates
+
+
+@dataclass(frozen=True)
+class _Later:
+    """An upload's part left to its kind's one step for the group (``AppendsMany``)."""
+
+    source: str
+    kind: AppendsMany
+    ctx: AppendContext
+    rows: pa.Table
+    #: The upload's update of this source, whose state the step fills in.
+    update: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -366,11 +388,12 @@ class _Pending:
         self.gw, self.table = gw, table
         self.states: dict[str, Any] = {}
         self.commits: list[tuple[int, _Upload, dict[str, Any]]] = []  # (outcome slot, ...)
+        self.later: list[_Later] = []  # parts written in one step per source before the commit
         self.marked = False
 
     def append(self, upload: _Upload, snap: TableSnapshot, lock_id: str, slot: int) -> None:
         appender = _Appender(self.gw, self.table, upload.commit_id, lock_id, upload.merge)
-        updates = appender.append(snap, upload.parts, self.states, upload.prepared)
+        updates = appender.append(snap, upload.parts, self.states, upload.prepared, self.later)
         summary = {
             ops.OPERATION: ops.DOPUT,
             "rows": upload.rows,
@@ -383,7 +406,8 @@ class _Pending:
         alone = not all(get_kind(snap.source(n).kind).group_appends for n in upload.parts)
         self.marked = bool(appender.markers) or alone
         for u in updates:
-            self.states[u["source"]] = u["state"]
+            if u["state"] is not None:  # else written later, in one step (``_write_later``)
+                self.states[u["source"]] = u["state"]
 
     def commit(self, outcomes: list[dict[str, Any] | BaseException]) -> BaseException | None:
         """Commit what is pending, each outcome in its slot; the first failure, if any."""
@@ -392,6 +416,7 @@ class _Pending:
         failed: BaseException | None = None
         with tracing.span("commit", table=self.table, uploads=len(self.commits)):
             try:
+                self._write_later()
                 commits = [c for _, _, c in self.commits]
                 results = self.gw.catalog.commit_all(self.table, commits)
             except Exception as e:  # the catalog's transaction failed: none applied
@@ -404,14 +429,30 @@ class _Pending:
             log.info("DoPut %s into %s: %d rows -> version %d", upload.commit_id, self.table,
                      upload.rows, res.version)  # fmt: skip
             outcomes[slot] = {"version": res.version, "applied": res.applied, "rows": upload.rows}
-        self.commits, self.marked = [], False
+        self.commits, self.later, self.marked = [], [], False
         return failed
+
+    def _write_later(self) -> None:
+        """Each source's deferred parts in one step of its kind (``AppendsMany``); if one
+        fails, every pending upload does (they all write the group's sources)."""
+        by_source: dict[str, list[_Later]] = {}
+        for part in self.later:
+            by_source.setdefault(part.source, []).append(part)
+        self.later = []
+        for name, parts in by_source.items():
+            rows = sum(p.rows.num_rows for p in parts)
+            kind_name = parts[0].ctx.source.kind
+            with tracing.span("write", source=name, kind=kind_name, rows=rows, uploads=len(parts)):
+                states = parts[0].kind.append_many([p.ctx for p in parts], [p.rows for p in parts])
+            for part, state in zip(parts, states, strict=True):
+                part.update["state"] = state
+            self.states[name] = states[-1]
 
     def fail(self, outcomes: list[dict[str, Any] | BaseException], e: BaseException) -> None:
         """Nothing pending commits (the lease is gone): each fails with ``e``."""
         for slot, _, _ in self.commits:
             outcomes[slot] = e
-        self.commits, self.marked = [], False
+        self.commits, self.later, self.marked = [], [], False
 
 
 #: Uploads of this gateway queued per ``_Upload.key``: the first of a key leads, waits for
