@@ -188,3 +188,41 @@ def test_rows_read_elsewhere_are_counted_in_the_gateways_metrics(pair, tmp_path:
     before = served()
     assert split.read("f").num_rows == 1000
     assert served() - before == 1000
+
+
+def test_reads_are_planned_in_the_read_processes(
+    pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GetFlightInfo is planned in a read process too (its tickets signed with the gateway's
+    key): the gateway's own planner is never called, and its grant check, errors, direct
+    tasks and the caller's descriptor stay as they were."""
+    own, split, server = pair
+    _files_table(own, tmp_path / "files", 1000)
+
+    def not_here(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("planned in the gateway's process")
+
+    monkeypatch.setattr(server.core.reads, "plan", not_here)
+    assert split.read("f").equals(own.read("f"))
+    assert split.read("f", direct=True).equals(own.read("f", direct=True))
+    assert split.read("f", filter="id < 10").num_rows == 10
+    raw = fl.FlightClient(f"grpc://127.0.0.1:{server.port}")
+    info = raw.get_flight_info(fl.FlightDescriptor.for_path("f"))
+    assert list(info.descriptor.path) == [b"f"]
+    assert all(e.expiration_time is not None for e in info.endpoints)
+    assert sum(raw.do_get(e.ticket).read_all().num_rows for e in info.endpoints) == 1000
+    raw.close()
+    for bad in [
+        {"table": "missing"},
+        {"table": "f", "filter": "nope >"},
+        {"table": "f", "version": 10**6},
+    ]:
+        expected, got = _plan_error(own, bad), _plan_error(split, bad)
+        assert type(got) is type(expected), bad
+        assert str(got) == str(expected)
+
+
+def _plan_error(client: HarnessClient, request: dict[str, object]) -> HarnessError:
+    with pytest.raises(HarnessError) as raised:
+        client.read(**request)  # type: ignore[arg-type]
+    return raised.value

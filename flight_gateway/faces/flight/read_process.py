@@ -7,10 +7,12 @@ The gateway starts it as ``python -m flight_gateway.faces.flight.read_process SO
 writes the pickled ``(catalog URL, GatewayConfig)`` to its standard input, which it then keeps
 open: the process exits when it reads the end of it (the gateway went away). It builds the
 same core as the gateway (catalog, secrets, reach, limits, ticket key) and serves Flight on a
-Unix socket in a directory only the gateway's user can enter. Its one call is DoGet of a
-forwarded ticket: ``{"ticket": <the caller's ticket, base64>, "principal": <name>}``. The
-gateway has authenticated the caller, checked its grant and taken its stream slot; here the
-ticket is verified again (signature, expiry, principal) and opened like any read.
+Unix socket in a directory only the gateway's user can enter. Its calls are DoGet of a
+forwarded ticket: ``{"ticket": <the caller's ticket, base64>, "principal": <name>}``, and
+GetFlightInfo of a forwarded read (``forwarded_plan``). The gateway has authenticated the
+caller, checked its grant and (for DoGet) taken its stream slot; here a ticket is verified
+again (signature, expiry, principal) and opened like any read, and a read planned like any
+(its tickets signed with the gateway's key).
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ import sys
 import threading
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway.catalog import Catalog
 from flight_gateway.core.config import GatewayConfig
+from flight_gateway.core.read.model import PlannedRead
 from flight_gateway.core.secrets import ScrubFilter
 from flight_gateway.core.services import Core
 from flight_gateway.faces.flight.errors import flight_errors, stream_errors
+from flight_gateway.protocol import ReadRequest
 from flight_gateway.protocol.allocator import tune_for_flight
 
 log = logging.getLogger(__name__)
@@ -45,10 +50,51 @@ def forwarded(ticket: bytes, principal: str) -> bytes:
     ).encode()
 
 
+def forwarded_plan(descriptor: fl.FlightDescriptor, principal: str) -> fl.FlightDescriptor:
+    """The descriptor the gateway sends a read process to plan a caller's read."""
+    sent: dict[str, Any] = {"principal": principal}
+    if descriptor.descriptor_type == fl.DescriptorType.PATH:
+        sent["path"] = [bytes(p).decode() for p in descriptor.path]
+    else:
+        sent["command"] = base64.b64encode(descriptor.command).decode()
+    return fl.FlightDescriptor.for_command(json.dumps(sent).encode())
+
+
+def flight_info(
+    planned: PlannedRead, descriptor: fl.FlightDescriptor, locations: list[Any]
+) -> fl.FlightInfo:
+    endpoints = [
+        fl.FlightEndpoint(
+            e.ticket,
+            locations,
+            expiration_time=pa.scalar(int(e.expires_at * 1e9), pa.timestamp("ns", tz="UTC")),
+            app_metadata=e.app_metadata(),
+        )
+        for e in planned.endpoints
+    ]
+    return fl.FlightInfo(
+        planned.schema, descriptor, endpoints, -1, -1, app_metadata=planned.app_metadata()
+    )
+
+
 class ReadProcessServer(fl.FlightServerBase):
     def __init__(self, location: str, core: Core) -> None:
         super().__init__(location)
         self.core = core
+
+    @flight_errors
+    def get_flight_info(
+        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
+    ) -> fl.FlightInfo:
+        """A forwarded read's plan (``forwarded_plan``): the gateway authenticated the caller
+        and checked its grant; the tickets are signed with the same key as the gateway's."""
+        sent = json.loads(descriptor.command)
+        if "path" in sent:
+            req = ReadRequest.for_path(list(sent["path"]))
+        else:
+            req = ReadRequest.from_json(base64.b64decode(sent["command"]))
+        planned = self.core.reads.plan(req, str(sent["principal"]))
+        return flight_info(planned, descriptor, [])
 
     @flight_errors
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:

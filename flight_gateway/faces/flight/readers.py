@@ -28,13 +28,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight_gateway.core.config import GatewayConfig
-from flight_gateway.faces.flight.read_process import READY, forwarded
+from flight_gateway.faces.flight.read_process import READY, forwarded, forwarded_plan
 from flight_gateway.protocol.errors import HarnessError, Unavailable
 from flight_gateway.protocol.flight_errors import from_flight_error
 
@@ -101,7 +101,9 @@ class ReadProcesses:
             log.error("read process %d did not start (exit %s)", p.index, popen.poll())
             _stop(popen)
             return
-        p.popen, p.client = popen, fl.FlightClient(f"grpc+unix://{p.socket}")
+        # The client first: ``_pick`` reads ``alive`` (the process) without the lock.
+        p.client = fl.FlightClient(f"grpc+unix://{p.socket}")
+        p.popen = popen
         log.info("read process %d started (pid %d)", p.index, popen.pid)
 
     def _pick(self) -> _Process:
@@ -110,6 +112,16 @@ class ReadProcesses:
                 raise Unavailable("the gateway is shutting down")
             p = min(self._processes, key=lambda q: q.streams)
             p.streams += 1
+        # Checked before the lock too: every stream took it, and a holder preempted for the
+        # interpreter lock inside it kept each stream of the process waiting (64 readers).
+        if not p.alive:
+            self._restart(p)
+        if not p.alive:
+            self._done(p)
+            raise Unavailable("a read process could not be started: try again")
+        return p
+
+    def _restart(self, p: _Process) -> None:
         with p.lock:  # one restart at a time; the others wait for it
             if not p.alive:
                 if p.popen is not None:
@@ -121,10 +133,6 @@ class ReadProcesses:
                     p.client.close()
                     p.client = None
                 self._start(p)
-        if not p.alive:
-            self._done(p)
-            raise Unavailable("a read process could not be started: try again")
-        return p
 
     def _done(self, p: _Process) -> None:
         with self._lock:
@@ -136,8 +144,10 @@ class ReadProcesses:
         """The stream of ``ticket`` (verified here already), read in a read process."""
         p = self._pick()
         try:
-            assert p.client is not None
-            stream = p.client.do_get(fl.Ticket(forwarded(ticket, principal)))
+            client = p.client
+            if client is None:  # restarted by another stream since this one picked it
+                raise Unavailable("the read process is restarting: try again")
+            stream = client.do_get(fl.Ticket(forwarded(ticket, principal)))
             reader = stream.to_reader()
             schema = reader.schema  # the first message: an error before any row raises here
         except (fl.FlightError, pa.ArrowException, OSError) as e:
@@ -147,6 +157,33 @@ class ReadProcesses:
             self._done(p)
             raise
         return pa.RecordBatchReader.from_batches(schema, self._relay(p, stream, reader))
+
+    def plan(
+        self, descriptor: fl.FlightDescriptor, principal: str, locations: list[Any]
+    ) -> fl.FlightInfo:
+        """A read planned in a read process (its grant checked here), with this gateway's
+        ``locations``. Under 64 readers and 16 writers on two cores, plans made here (an
+        Iceberg snapshot's manifests, a files source's listing, each read at a new version)
+        kept dozens of threads wanting the gateway's interpreter lock, and a writer waited for
+        it after each of its round trips to the catalog and the sources."""
+        p = self._pick()
+        try:
+            client = p.client
+            if client is None:  # restarted by another call since this one picked it
+                raise Unavailable("the read process is restarting: try again")
+            info = client.get_flight_info(forwarded_plan(descriptor, principal))
+        except (fl.FlightError, pa.ArrowException, OSError) as e:
+            raise _harness_error(e, p) from None
+        finally:
+            self._done(p)
+        endpoints = [
+            fl.FlightEndpoint(
+                e.ticket, locations, expiration_time=e.expiration_time, app_metadata=e.app_metadata
+            )
+            for e in info.endpoints
+        ]
+        return fl.FlightInfo(info.schema, descriptor, endpoints, -1, -1,
+                             app_metadata=info.app_metadata)  # fmt: skip
 
     def _relay(
         self, p: _Process, stream: fl.FlightStreamReader, reader: pa.RecordBatchReader

@@ -23,6 +23,7 @@ from flight_gateway.core.services import Core
 from flight_gateway.core.write import ingest
 from flight_gateway.faces.flight.auth import BearerAuthFactory, HandshakeAuth, principal_of
 from flight_gateway.faces.flight.errors import flight_errors, stream_errors
+from flight_gateway.faces.flight.read_process import flight_info
 from flight_gateway.faces.flight.readers import ReadProcesses
 from flight_gateway.faces.flight.tracing import TraceFactory
 from flight_gateway.protocol import ReadRequest, actions, decode_json
@@ -126,19 +127,9 @@ class FlightFace(fl.FlightServerBase):
             return claimed[0].get_flight_info(claimed[1], descriptor, principal)
         req = self._request(descriptor)
         principal.require("read", req.table)
-        planned = self.core.reads.plan(req, principal.name)
-        endpoints = [
-            fl.FlightEndpoint(
-                e.ticket,
-                self.locations,
-                expiration_time=pa.scalar(int(e.expires_at * 1e9), pa.timestamp("ns", tz="UTC")),
-                app_metadata=e.app_metadata(),
-            )
-            for e in planned.endpoints
-        ]
-        return fl.FlightInfo(
-            planned.schema, descriptor, endpoints, -1, -1, app_metadata=planned.app_metadata()
-        )
+        if self.readers is not None:  # planned there too (``ReadProcesses.plan``)
+            return self.readers.plan(descriptor, principal.name, self.locations)
+        return flight_info(self.core.reads.plan(req, principal.name), descriptor, self.locations)
 
     @flight_errors
     def get_schema(
