@@ -165,6 +165,12 @@ class GatewayConfig:
     read_processes: int = 0
     #: Their ``nice`` increment (0-19): on busy cores the gateway's writers go first.
     read_processes_nice: int = 5
+    #: At most this many of a read process's streams make a batch at once (0: no bound). The
+    #: kernel shares cores by thread, not by process: 64 streams' threads at nice 5 outweighed
+    #: the gateway's few writer threads at nice 0. One per read process left the writers the
+    #: cores (docs/operations.md, "Read processes"); where reads wait on remote storage rather
+    #: than on the cores, leave it 0.
+    read_processes_running: int = 0
 
     def __post_init__(self) -> None:
         for what, value in [
@@ -181,6 +187,9 @@ class GatewayConfig:
         rn = self.read_processes_nice
         if not isinstance(rn, int) or isinstance(rn, bool) or not 0 <= rn <= 19:
             raise ValueError(f"read_processes_nice must be 0 to 19, not {rn!r}")
+        rr = self.read_processes_running
+        if not isinstance(rr, int) or isinstance(rr, bool) or not 0 <= rr <= 4096:
+            raise ValueError(f"read_processes_running must be 0 to 4096, not {rr!r}")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         self.token_store  # noqa: B018 - every token and certificate named, names unique

@@ -226,3 +226,31 @@ def _plan_error(client: HarnessClient, request: dict[str, object]) -> HarnessErr
     with pytest.raises(HarnessError) as raised:
         client.read(**request)  # type: ignore[arg-type]
     return raised.value
+
+
+def test_bounded_streams_take_turns_batch_by_batch(catalog_file: str, tmp_path: Path) -> None:
+    """``read_processes_running = 1``: one stream of the process makes a batch at a time, and
+    none keeps the place between batches: four streams read in turns, a batch of each at a
+    time, all end whole (a place held across batches would stop the second stream forever)."""
+    with (
+        running_gateway(catalog_file, read_processes=1, read_processes_running=1) as (server, _),
+        client_for(server) as client,
+    ):
+        _files_table(client, tmp_path / "files", 400_000)
+        raw = fl.FlightClient(f"grpc://127.0.0.1:{server.port}")
+        tickets = [e.ticket for _ in range(4)
+                   for e in raw.get_flight_info(fl.FlightDescriptor.for_path("f")).endpoints]  # fmt: skip
+        streams = [raw.do_get(t) for t in tickets]
+        rows = [0] * len(streams)
+        open_ = set(range(len(streams)))
+        while open_:
+            for i in sorted(open_):
+                try:
+                    rows[i] += streams[i].read_chunk().data.num_rows
+                except StopIteration:
+                    open_.discard(i)
+        assert rows == [400_000] * 4
+        assert client.read("f").num_rows == 400_000
+        raw.close()
+    with pytest.raises(ValueError, match="read_processes_running"):
+        GatewayConfig(catalog="sqlite://", read_processes_running=-1)

@@ -25,6 +25,7 @@ import pickle
 import shutil
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -78,9 +79,10 @@ def flight_info(
 
 
 class ReadProcessServer(fl.FlightServerBase):
-    def __init__(self, location: str, core: Core) -> None:
+    def __init__(self, location: str, core: Core, running: int = 0) -> None:
         super().__init__(location)
         self.core = core
+        self.running = threading.BoundedSemaphore(running) if running else None
 
     @flight_errors
     def get_flight_info(
@@ -101,7 +103,32 @@ class ReadProcessServer(fl.FlightServerBase):
         sent = json.loads(ticket.ticket)
         reads = self.core.reads
         payload = reads.verify(base64.b64decode(sent["ticket"]), str(sent["principal"]))
-        return fl.RecordBatchStream(stream_errors(reads.open(payload)))
+        if self.running is None:
+            return fl.RecordBatchStream(stream_errors(reads.open(payload)))
+        with self.running:  # opening plans the source's task: work for the cores too
+            reader = reads.open(payload)
+        return fl.RecordBatchStream(stream_errors(_paced(reader, self.running)))
+
+
+def _paced(reader: pa.RecordBatchReader, running: threading.Semaphore) -> pa.RecordBatchReader:
+    """``reader``'s batches, each made while holding one of ``running``'s places
+    (``read_processes_running``): the others' threads sleep meanwhile instead of sharing the
+    cores with the gateway's writers. Between batches the place is free, so a long read
+    leaves room for short ones."""
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            while True:
+                with running:
+                    try:
+                        batch = reader.read_next_batch()
+                    except StopIteration:
+                        return
+                yield batch
+        finally:
+            reader.close()
+
+    return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
 
 def _exit_with_the_gateway(socket: str) -> None:
@@ -124,7 +151,7 @@ def main(argv: list[str]) -> int:
     # and the reads take what is left (the readers' share, not the writers', waits).
     os.nice(config.read_processes_nice)
     core = Core.build(Catalog(catalog_url), config)
-    server = ReadProcessServer(f"grpc+unix://{argv[0]}", core)
+    server = ReadProcessServer(f"grpc+unix://{argv[0]}", core, config.read_processes_running)
     threading.Thread(
         target=_exit_with_the_gateway, args=(argv[0],), name="parent-watch", daemon=True
     ).start()
