@@ -1,6 +1,7 @@
 """Uploads queued for the same sources share one write lease (DESIGN §18): each keeps its own
-commit id and version, a retry of any of them finds it, and one failing does not fail the
-others. Checked against pyiceberg reading the Iceberg table directly."""
+commit id and version, and a retry of any of them finds it. Into a kind that writes each upload
+by itself (``files``) one failing does not fail the others; into Iceberg the group is one
+transaction, which fails whole. Checked against pyiceberg reading the Iceberg table directly."""
 
 from __future__ import annotations
 
@@ -53,20 +54,20 @@ def groups_observed() -> float:
     return REGISTRY.get_sample_value("harness_doput_group_size_count") or 0.0
 
 
-def queued(server: Any) -> int:
-    """Uploads of this gateway queued for ``t``'s Iceberg source, their leader included."""
-    key = ingest._Upload(server.core.gw, "t", "", {"iceberg": pa.table({})}, 0, False).key
+def queued(server: Any, source: str = "iceberg") -> int:
+    """Uploads of this gateway queued for a source of ``t``, their leader included."""
+    key = ingest._Upload(server.core.gw, "t", "", {source: pa.table({})}, 0, False).key
     return ingest._GROUPS.queued(key)
 
 
-def put_all(server: Any, uploads: list[tuple[str, pa.Table]]) -> list[Any]:
+def put_all(server: Any, uploads: list[tuple[str, pa.Table]], source: str = "iceberg") -> list[Any]:
     """Each upload from its own client and thread, at once; their outcomes (or errors)."""
     out: list[Any] = [None] * len(uploads)
 
     def put(i: int, commit_id: str, data: pa.Table) -> None:
         with client_for(server) as c:
             try:
-                out[i] = c.put("t", data, commit_id=commit_id, source="iceberg")
+                out[i] = c.put("t", data, commit_id=commit_id, source=source)
             except Exception as e:
                 out[i] = e
 
@@ -78,24 +79,29 @@ def put_all(server: Any, uploads: list[tuple[str, pa.Table]]) -> list[Any]:
     return [threads, out]
 
 
-def wait_queued(server: Any, n: int) -> None:
+def wait_queued(server: Any, n: int, source: str = "iceberg") -> None:
     deadline = time.monotonic() + 30
-    while queued(server) < n:
-        assert time.monotonic() < deadline, f"{queued(server)} uploads queued, not {n}"
+    while queued(server, source) < n:
+        assert time.monotonic() < deadline, f"{queued(server, source)} uploads queued, not {n}"
         time.sleep(0.02)
 
 
 def grouped(
-    server: Any, catalog: Any, lead: tuple[str, pa.Table], rest: list[tuple[str, pa.Table]], n: int
+    server: Any,
+    catalog: Any,
+    lead: tuple[str, pa.Table],
+    rest: list[tuple[str, pa.Table]],
+    n: int,
+    source: str = "iceberg",
 ) -> list[Any]:
     """``lead`` waits for the source's lock, held here, while ``rest`` queue behind it in the
     gateway (``n`` queued in all, the leader included); then the lock goes: every outcome (or
     error), ``lead``'s first."""
-    held = catalog.lock("t", ["iceberg"], owner="test", ttl_s=60)
-    threads, out = put_all(server, [lead])
+    held = catalog.lock("t", [source], owner="test", ttl_s=60)
+    threads, out = put_all(server, [lead], source)
     time.sleep(0.3)  # the leader is waiting for the lock
-    more, out_more = put_all(server, rest)
-    wait_queued(server, n)
+    more, out_more = put_all(server, rest, source)
+    wait_queued(server, n, source)
     catalog.unlock(held.lock_id)
     for t in threads + more:
         t.join(60)
@@ -200,6 +206,42 @@ def test_a_group_is_one_iceberg_transaction_and_a_failed_one_fails_every_upload(
     # Every data file on disk is one a snapshot names (what the retries' prepared files and
     # the dropped snapshots left was removed or is named).
     assert data_files(table) == committed_files(table)
+
+
+def test_an_upload_failing_alone_in_a_group_of_files_fails_alone(
+    gateway, client: HarnessClient, table: IcebergFixture, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Into a kind that writes each upload of a group by itself (``files``), one upload's
+    failed write fails that upload only: the others commit, and its retry applies once."""
+    from planners.files import FilesKind
+
+    server, catalog = gateway
+    (tmp_path / "files").mkdir()
+    client.commit("t", add_sources=[{"name": "files", "kind": "files",
+                                     "partition": {"region": "files"},
+                                     "config": {"root": str(tmp_path / "files")},
+                                     "state": {"files": []}}])  # fmt: skip
+    real_append = FilesKind.append
+
+    def flaky(self: FilesKind, ctx: Any, data: pa.Table) -> Any:
+        if ctx.commit_id == "bad":
+            raise RuntimeError("simulated write failure")
+        return real_append(self, ctx, data)
+
+    monkeypatch.setattr(FilesKind, "append", flaky)
+    try:
+        uploads = [(cid, rows("files", n)) for cid, n in (("a", 10), ("bad", 20), ("b", 30))]
+        lead, *rest = grouped(server, catalog, ("lead", rows("files", 0)), uploads, 4, "files")
+    finally:
+        monkeypatch.undo()
+    assert lead["applied"] and rest[0]["applied"] and rest[2]["applied"], (lead, rest)
+    assert isinstance(rest[1], Exception) and "simulated write failure" in str(rest[1])
+    assert sorted(client.read("t").column("id").to_pylist()) == [
+        *range(0, 5), *range(10, 15), *range(30, 35)
+    ]  # fmt: skip
+    assert client.put("t", rows("files", 20), commit_id="bad", source="files")["applied"]
+    assert client.read("t").num_rows == 20
 
 
 def metadata_files(table: IcebergFixture) -> set[str]:
