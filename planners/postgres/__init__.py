@@ -567,8 +567,11 @@ class PostgresKind(SourceKind):
                     request, task, config, mapping, types, written + _written(request, task)
                 )
             )
-            CACHE.extended[key] += 1
-            return kept(cur.fetch_record_batch(), key, at, as_of, base=base.rows)
+            since = cur.fetch_record_batch()
+            if since.schema.equals(base.rows.schema):
+                CACHE.extended[key] += 1
+                return kept(since, key, at, as_of, base=base.rows)
+            since.close()  # typed otherwise than the kept rows: all of them, as below
         CACHE.misses[key] += 1
         cur.execute(self._select(request, task, config, mapping, types))
         return kept(cur.fetch_record_batch(), key, at, as_of)
