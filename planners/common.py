@@ -135,6 +135,46 @@ def chain_readers(
     return pa.RecordBatchReader.from_batches(schema, gen())
 
 
+#: A joined batch's bound in bytes: a stream's memory stays one batch, whatever its rows' width.
+COALESCE_BYTES = 8 << 20
+
+
+def coalesced(
+    reader: pa.RecordBatchReader, rows: int = DEFAULT_BATCH_ROWS, max_bytes: int = COALESCE_BYTES
+) -> pa.RecordBatchReader:
+    """``reader``'s batches, consecutive small ones joined up to ``rows`` rows (or
+    ``max_bytes``); a batch that big already passes as it is. A version of a streamed-into
+    source lists hundreds of files of ~100 rows between compactions, one batch each: every
+    layer after the scan (a read process's stream, the gateway's relay, gRPC, the client)
+    paid per batch, and 16 readers of a 0.9 M-row table moved ~2-3 M rows/s in all. Dictionary
+    columns pass unjoined (their batches' dictionaries may differ)."""
+    if any(pa.types.is_dictionary(f.type) for f in reader.schema):
+        return reader
+    schema = reader.schema
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        pending: list[pa.RecordBatch] = []
+        count = size = 0
+        for batch in reader:
+            if not pending and batch.num_rows >= rows:
+                yield batch
+                continue
+            pending.append(batch)
+            count += batch.num_rows
+            size += batch.nbytes
+            if count >= rows or size >= max_bytes:
+                yield _joined(pending)
+                pending, count, size = [], 0, 0
+        if pending:
+            yield _joined(pending)
+
+    return pa.RecordBatchReader.from_batches(schema, gen())
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
 def to_physical(
     rows: pa.Table, available: Iterable[str], aliases: Mapping[str, tuple[str, ...]]
 ) -> pa.Table:

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.flight as fl
 import pytest
 
 from clients import HarnessClient
 from flight_gateway.protocol.errors import Unavailable
+from planners.common import coalesced
 from tests.gateway.helpers import write_parquet
 
 SCHEMA = [
@@ -102,3 +104,46 @@ def test_a_missing_file_fails_the_read_unavailable(client: HarnessClient, mixed:
     os.remove(mixed[17])
     with pytest.raises(Unavailable, match=r"f017\.parquet"):
         client.read("t")
+
+
+def test_small_files_stream_in_few_batches(client: HarnessClient, mixed: list[str]) -> None:
+    """30 files of 50 rows in 12 runs of a schema: one batch on the wire, not one per file
+    (every layer after the scan pays per batch), with DuckDB's rows in the list's order."""
+    info = client.flight_info("t")
+    (endpoint,) = info.endpoints
+    reader = fl.connect(client.uri).do_get(endpoint.ticket)
+    batches = [chunk.data for chunk in reader]
+    assert [b.num_rows for b in batches] == [len(mixed) * 50]
+    got = pa.Table.from_batches(batches)
+    assert got.column("id").to_pylist() == list(range(len(mixed) * 50))
+    assert _sorted(got).to_pylist() == _duckdb(mixed).to_pylist()
+
+
+def _batches(sizes: list[int], fail_after: int | None = None) -> pa.RecordBatchReader:
+    schema = pa.schema([("x", pa.int64())])
+
+    def gen():  # type: ignore[no-untyped-def]
+        first = 0
+        for i, n in enumerate(sizes):
+            if i == fail_after:
+                raise OSError("the source went away")
+            yield pa.record_batch([pa.array(range(first, first + n), pa.int64())], schema=schema)
+            first += n
+
+    return pa.RecordBatchReader.from_batches(schema, gen())
+
+
+def test_coalesced_joins_small_batches_up_to_the_bounds() -> None:
+    out = list(coalesced(_batches([100] * 25 + [1000, 5]), rows=1000))
+    assert [b.num_rows for b in out] == [1000, 1000, 1500, 5]
+    assert pa.Table.from_batches(out).column("x").to_pylist() == list(range(3505))
+    # a batch as big as the bound passes as it is; bytes bound too (8 bytes a row)
+    assert [b.num_rows for b in coalesced(_batches([2000, 10]), rows=1000)] == [2000, 10]
+    assert [b.num_rows for b in coalesced(_batches([100] * 4), max_bytes=1600)] == [200, 200]
+
+
+def test_coalesced_raises_what_the_source_raised_not_a_short_stream() -> None:
+    reader = coalesced(_batches([100] * 10, fail_after=5), rows=1000)
+    with pytest.raises(OSError, match="went away"):
+        reader.read_all()
+

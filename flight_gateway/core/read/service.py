@@ -23,6 +23,7 @@ from flight_gateway.core.sources import bind, scan_request
 from flight_gateway.protocol import ReadRequest, TicketPayload, TicketSigner
 from flight_gateway.protocol.direct import DirectSigner
 from flight_gateway.protocol.errors import HarnessError, InvalidArgument, NotFound, Unauthorized
+from planners.common import coalesced
 from planners.execute import execute
 from planners.kind import ScanTask
 
@@ -169,6 +170,6 @@ class ReadService:
             self.gw, snap.table, ref, shape.specs, shape.predicate, payload.limit
         )
         task = ScanTask(ref.name, payload.task, payload.exact)
-        reader = execute(kind, request, task, shape.projection)
+        reader = coalesced(execute(kind, request, task, shape.projection))
         reader = tracing.traced_stream("scan", reader, source=ref.name, kind=ref.kind)
         return metrics.counted(reader, payload.table, ref.kind)
