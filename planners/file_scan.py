@@ -9,6 +9,12 @@ processes). Files may differ in schema (a column added or renamed later): each f
 is read once per process and cached by path, size and modification time (data files are
 written once; a file replaced in place has another size or time), and each run of consecutive
 files with one schema is scanned as one dataset of that schema, in the list's order.
+
+Small files are also kept decoded (``_Decoded``), by the same key: inside one dataset a file
+still cost ~0.25 ms to open, read its footer and decode (500 files of 100 rows: 124 ms, against
+19 ms for the same rows kept in memory and scanned as one in-memory dataset), and a table's
+readers read the same immutable files version after version. Runs of small files are scanned
+from memory; a file above ``SMALL_FILE_BYTES`` on disk is read from its file each time.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -67,20 +74,126 @@ class _Schemas:
 
 _SCHEMAS = _Schemas()
 
+#: Files up to this size on disk are kept decoded (``_Decoded``): the files a streaming writer
+#: adds between compactions, not the compacted ones.
+SMALL_FILE_BYTES = 256 << 10
+#: Decoded bytes kept per process; the least recently read files are dropped past it.
+DECODED_BYTES = 64 << 20
+#: How long a caller waits for another one decoding the same file before it reads it itself.
+READ_WAIT_S = 10.0
 
-def file_schemas(
+
+class _Decoded:
+    """Small files' rows (every column, as the file's dataset reads them) by (filesystem,
+    path, size, mtime), least recently used dropped past ``DECODED_BYTES``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._tables: OrderedDict[_Key, pa.Table] = OrderedDict()
+        self._reading: dict[_Key, threading.Event] = {}
+        self._bytes = 0
+
+    def get(self, key: _Key, read: Callable[[], pa.Table]) -> pa.Table:
+        """The file's rows, decoded by one caller at a time: the readers of a table new to
+        the process (a replica restarted under failover gets them all at once) otherwise
+        each decoded every file."""
+        with self._lock:
+            found = self._lookup(key)
+            if found is not None:
+                return found
+            reading = self._reading.get(key)
+            if reading is None:
+                self._reading[key] = threading.Event()
+        if reading is not None:  # another caller decodes it: its rows, or read here after all
+            reading.wait(READ_WAIT_S)
+            with self._lock:
+                found = self._lookup(key)
+            return found if found is not None else read()
+        try:
+            table = read()
+            self._keep(key, table)
+        finally:
+            with self._lock:
+                self._reading.pop(key).set()
+        return table
+
+    def _lookup(self, key: _Key) -> pa.Table | None:
+        found = self._tables.get(key)
+        if found is not None:
+            self._tables.move_to_end(key)
+        return found
+
+    def _keep(self, key: _Key, table: pa.Table) -> None:
+        size = table.nbytes
+        if size > self.limit // 16:  # rows that decode large: read from the file each time
+            return
+        with self._lock:
+            if key not in self._tables:
+                self._tables[key] = table
+                self._bytes += size
+            while self._bytes > self.limit:
+                _, dropped = self._tables.popitem(last=False)
+                self._bytes -= dropped.nbytes
+
+
+_DECODED = _Decoded(DECODED_BYTES)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file of a read: its path, its cache key (None when its filesystem gives no
+    modification time), its size and its physical schema."""
+
+    path: str
+    key: _Key | None
+    size: int
+    schema: pa.Schema
+
+    @property
+    def small(self) -> bool:
+        return self.key is not None and self.size <= SMALL_FILE_BYTES
+
+
+def listed(
     request: ScanRequest, fs: pafs.FileSystem, paths: Sequence[str], fmt: str
-) -> list[pa.Schema]:
-    """Each file's physical schema, read once per process; a missing file is UNAVAILABLE."""
+) -> list[Listed]:
+    """Each file of ``paths`` with its physical schema, read once per process; a missing file
+    is UNAVAILABLE."""
     infos = fs.get_file_info(list(paths))
     out = []
     for path, info in zip(paths, infos, strict=True):
         if info.type == pafs.FileType.NotFound:
             raise Unavailable(f"source {request.source.name!r}: file {path!r} is missing")
-        mtime = info.mtime_ns
-        key = None if mtime is None else (fs.type_name, path, info.size or 0, mtime)
-        out.append(_SCHEMAS.get(key, functools.partial(_schema, request, fs, path, fmt)))
+        mtime, size = info.mtime_ns, info.size or 0
+        key = None if mtime is None else (fs.type_name, path, size, mtime)
+        schema = _SCHEMAS.get(key, functools.partial(_schema, request, fs, path, fmt))
+        out.append(Listed(path, key, size, schema))
     return out
+
+
+def file_schemas(
+    request: ScanRequest, fs: pafs.FileSystem, paths: Sequence[str], fmt: str
+) -> list[pa.Schema]:
+    """Each file's physical schema, read once per process; a missing file is UNAVAILABLE."""
+    return [f.schema for f in listed(request, fs, paths, fmt)]
+
+
+def run_dataset(
+    request: ScanRequest, fs: pafs.FileSystem, files: Sequence[Listed], schema: pa.Schema,
+    fmt: str,
+) -> ds.Dataset:  # fmt: skip
+    """A run of files of one physical ``schema`` as one dataset: in memory when every file is
+    small (each decoded once per process), else over the files."""
+    if not all(f.small for f in files):
+        return ds.dataset([f.path for f in files], schema=schema, format=fmt, filesystem=fs)
+    tables = [
+        _DECODED.get(f.key, functools.partial(_decode, request, fs, f.path, fmt))  # type: ignore[arg-type]
+        for f in files
+    ]
+    # Names and types are equal (``SameSchema``); field metadata may differ (concatenated
+    # all the same: the first file's is kept, as a dataset over the files keeps ``schema``'s).
+    return ds.dataset(pa.concat_tables(tables))
 
 
 def runs(paths: Sequence[str], keys: Sequence[object], schemas: Sequence[pa.Schema]) -> list[Run]:
@@ -118,16 +231,20 @@ def scan_files(
     """The rows of ``paths`` (in order) through ``scan_dataset``: runs of files sharing a
     schema (names and types) as one dataset each. A missing or unreadable file is
     UNAVAILABLE."""
+    by_path: dict[str, Listed] = {}
     if fmt not in SELF_DESCRIBED or len(paths) == 1:
         groups = [(_UNREAD, [p]) for p in paths]  # each opened alone, its schema its own
     else:
-        schemas = file_schemas(request, fs, paths, fmt)
-        groups = runs(paths, [SameSchema(s) for s in schemas], schemas)
+        files = listed(request, fs, paths, fmt)
+        by_path = {f.path: f for f in files}
+        groups = runs(paths, [(SameSchema(f.schema), f.small) for f in files],
+                      [f.schema for f in files])  # fmt: skip
 
     def one(schema: pa.Schema, group: list[str]) -> pa.RecordBatchReader:
-        if len(group) == 1:
+        if schema is _UNREAD:
             return scan_dataset(request, _open(request, fs, group[0], fmt))
-        return scan_dataset(request, ds.dataset(group, schema=schema, format=fmt, filesystem=fs))
+        members = [by_path[p] for p in group]
+        return scan_dataset(request, run_dataset(request, fs, members, schema, fmt))
 
     return chained(request, groups, one)
 
@@ -144,6 +261,13 @@ class SameSchema:
 
 def _schema(request: ScanRequest, fs: pafs.FileSystem, path: str, fmt: str) -> pa.Schema:
     return _open(request, fs, path, fmt).schema
+
+
+def _decode(request: ScanRequest, fs: pafs.FileSystem, path: str, fmt: str) -> pa.Table:
+    try:
+        return _open(request, fs, path, fmt).to_table()
+    except (FileNotFoundError, OSError) as e:  # removed since it was listed
+        raise Unavailable(f"source {request.source.name!r}: cannot read {path!r}: {e}") from e
 
 
 def _open(request: ScanRequest, fs: pafs.FileSystem, path: str, fmt: str) -> ds.Dataset:

@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from planners.common import (
@@ -30,7 +29,7 @@ from planners.common import (
     pushdown,
     scanner_reader,
 )
-from planners.file_scan import SameSchema, chained, file_schemas, runs
+from planners.file_scan import SameSchema, chained, listed, run_dataset, runs
 from planners.iceberg_mor import Planned
 from planners.kind import ScanRequest
 from planners.predicates import columns as referenced
@@ -65,18 +64,22 @@ def plain_read(
         if path is None:
             return None
         paths.append(path)
-    schemas = file_schemas(request, _LOCAL, paths, "parquet")
+    files = listed(request, _LOCAL, paths, "parquet")
+    by_path = {f.path: f for f in files}
     wanted = {int(f.field_id): f.name for f in fields.values()}
     by_name = _name_mapping(scan)
-    keys = [_names(s, wanted, by_name) for s in schemas]
+    keys = [_names(f.schema, wanted, by_name) for f in files]
     if any(k is None for k in keys):
         return None
-    groups = runs(paths, [(k, SameSchema(s)) for k, s in zip(keys, schemas, strict=True)], schemas)
+    schemas = [f.schema for f in files]
+    same = [(k, SameSchema(f.schema), f.small) for k, f in zip(keys, files, strict=True)]
+    groups = runs(paths, same, schemas)
     pred = pushdown(request, mapping)
 
     def one(run_schema: pa.Schema, group: list[str]) -> pa.RecordBatchReader:
         present = [n for n in wanted.values() if n in run_schema.names]
-        data = ds.dataset(group, schema=run_schema, format="parquet", filesystem=_LOCAL)
+        members = [by_path[p] for p in group]
+        data = run_dataset(request, _LOCAL, members, run_schema, "parquet")
         options: dict[str, Any] = {"columns": present, "batch_size": DEFAULT_BATCH_ROWS}
         if pred is not None and referenced(pred) <= set(present):
             # Pruning only (the gateway applies the exact predicate): NaN kept where it may match.

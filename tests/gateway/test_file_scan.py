@@ -147,3 +147,74 @@ def test_coalesced_raises_what_the_source_raised_not_a_short_stream() -> None:
     with pytest.raises(OSError, match="went away"):
         reader.read_all()
 
+
+def test_decoded_files_are_kept_within_their_bytes() -> None:
+    """The small files' cache drops the least recently read past its bound, and never keeps
+    rows that decode larger than a sixteenth of it."""
+    from planners.file_scan import _Decoded
+
+    kept = _Decoded(limit=16 * 8 * 100)  # sixteen 100-row int64 files
+    reads: list[int] = []
+
+    def read(n: int) -> pa.Table:
+        reads.append(n)
+        return pa.table({"x": pa.array(range(n * 100, n * 100 + 100), pa.int64())})
+
+    key = lambda n: ("local", f"/f{n}", 1, 1)  # noqa: E731
+    for n in range(20):
+        assert kept.get(key(n), lambda n=n: read(n)).column("x")[0].as_py() == n * 100
+    assert kept.get(key(19), lambda: read(-1)).num_rows == 100  # kept: not read again
+    kept.get(key(0), lambda: read(0))  # dropped: read again
+    assert reads == [*range(20), 0]
+    big = pa.table({"x": pa.array(range(200), pa.int64())})
+    kept.get(key(99), lambda: big)
+    kept.get(key(99), lambda: big)
+    assert ("local", "/f99", 1, 1) not in kept._tables
+
+
+def test_a_file_is_decoded_once_by_concurrent_readers() -> None:
+    """Readers of the same new file wait for the one decoding it; when it fails, each reads
+    the file itself (and sees the failure itself)."""
+    import threading
+    import time
+
+    from planners.file_scan import _Decoded
+
+    kept = _Decoded(limit=1 << 20)
+    reads: list[str] = []
+
+    def slow() -> pa.Table:
+        reads.append("read")
+        time.sleep(0.2)
+        return pa.table({"x": [1, 2, 3]})
+
+    got: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(kept.get(("local", "/a", 1, 1), slow).num_rows))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [3] * 8 and reads == ["read"]
+
+    def failing() -> pa.Table:
+        reads.append("failed")
+        time.sleep(0.1)
+        raise OSError("gone")
+
+    errors: list[str] = []
+
+    def one() -> None:
+        try:
+            kept.get(("local", "/b", 1, 1), failing)
+        except OSError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == ["gone"] * 3 and reads.count("failed") == 3
