@@ -97,9 +97,10 @@ _warming: dict[str, threading.Event] = {}
 WARM_WAIT_S = 30.0
 
 
-def warm(names: Iterable[str]) -> None:
+def warm(names: Iterable[str], *, wait: bool = False) -> None:
     """Each kind's ``warm``, one after another in a thread of its own, off the requests'
-    path: what its first read in this process would pay once is made ahead. A use of a kind
+    path: what its first read in this process would pay once is made ahead (``wait``: in
+    this thread, returning when done). A use of a kind
     meanwhile (``get_kind``) waits for its warm-up rather than importing the same library
     beside it: two threads importing one package's modules can meet in its circular imports
     (``_DeadlockError``, a partly initialised module). The kinds are loaded first, and those
@@ -135,7 +136,10 @@ def warm(names: Iterable[str]) -> None:
             finally:
                 done.set()
 
-    threading.Thread(target=run, daemon=True, name="warm-kinds").start()
+    if wait:
+        run()
+    else:
+        threading.Thread(target=run, daemon=True, name="warm-kinds").start()
 
 
 _configured: set[str] = set()

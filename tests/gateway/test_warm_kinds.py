@@ -127,3 +127,28 @@ def test_every_kinds_warm_imports_are_modules() -> None:
     for name in ("iceberg", "delta", "paimon", "postgres", "kafka", "hudi"):
         for module in registry.get_kind(name).warm_imports:
             importlib.import_module(module)
+
+
+def test_a_read_process_warms_before_it_says_it_is_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``warm(..., wait=True)`` (a read process, before it answers the gateway) returns when
+    each kind is warm: the first reads of a kind no longer import its libraries while holding
+    a place of ``read_processes_running``."""
+    from flight_gateway.faces.flight import read_process
+    from planners import registry
+    from planners.kind import SourceKind
+
+    warmed: list[str] = []
+
+    class Slow(SourceKind):
+        def warm(self) -> None:
+            time.sleep(0.2)
+            warmed.append("slow")
+
+    class Catalog:
+        def source_kinds(self) -> list[str]:
+            return ["slow"]
+
+    monkeypatch.setitem(registry._instances, "slow", Slow())
+    monkeypatch.setattr(registry, "_warming", {})
+    read_process._warm(Catalog())  # type: ignore[arg-type]
+    assert warmed == ["slow"] and registry._warming["slow"].is_set()

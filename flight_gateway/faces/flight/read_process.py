@@ -39,6 +39,7 @@ from flight_gateway.core.services import Core
 from flight_gateway.faces.flight.errors import flight_errors, stream_errors
 from flight_gateway.protocol import ReadRequest
 from flight_gateway.protocol.allocator import tune_for_flight
+from planners.registry import warm
 
 log = logging.getLogger(__name__)
 READY = b"ready\n"
@@ -140,6 +141,21 @@ def _exit_with_the_gateway(socket: str) -> None:
     os._exit(0)
 
 
+def _warm(catalog: Catalog) -> None:
+    """The catalog's kinds warmed before the process says it is ready. Its first reads of a
+    kind otherwise imported the kind's libraries while holding a place of
+    ``read_processes_running`` (PostgreSQL's ADBC driver brings pandas and polars: seconds
+    on a loaded machine), and every other stream of the process waited: under failover a
+    replica restarted while the other served the readers got them all at once, cold, and
+    no read ended for 8-12 s (py-spy of its read processes)."""
+    try:
+        kinds = catalog.source_kinds()
+    except Exception as e:  # the first reads warm what they use
+        log.warning("source kinds not warmed: %s", e)
+        return
+    warm(kinds, wait=True)
+
+
 def main(argv: list[str]) -> int:
     tune_for_flight()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s read process %(message)s")
@@ -150,7 +166,9 @@ def main(argv: list[str]) -> int:
     # Below the gateway's priority: when the cores are busy, its writers and planning go first
     # and the reads take what is left (the readers' share, not the writers', waits).
     os.nice(config.read_processes_nice)
-    core = Core.build(Catalog(catalog_url), config)
+    catalog = Catalog(catalog_url)
+    core = Core.build(catalog, config)
+    _warm(catalog)
     server = ReadProcessServer(f"grpc+unix://{argv[0]}", core, config.read_processes_running)
     threading.Thread(
         target=_exit_with_the_gateway, args=(argv[0],), name="parent-watch", daemon=True
