@@ -155,18 +155,21 @@ def coalesced(
     def gen() -> Iterator[pa.RecordBatch]:
         pending: list[pa.RecordBatch] = []
         count = size = 0
-        for batch in reader:
-            if not pending and batch.num_rows >= rows:
-                yield batch
-                continue
-            pending.append(batch)
-            count += batch.num_rows
-            size += batch.nbytes
-            if count >= rows or size >= max_bytes:
+        try:
+            for batch in reader:
+                if not pending and batch.num_rows >= rows:
+                    yield batch
+                    continue
+                pending.append(batch)
+                count += batch.num_rows
+                size += batch.nbytes
+                if count >= rows or size >= max_bytes:
+                    yield _joined(pending)
+                    pending, count, size = [], 0, 0
+            if pending:
                 yield _joined(pending)
-                pending, count, size = [], 0, 0
-        if pending:
-            yield _joined(pending)
+        finally:  # a caller that stops early releases the source's stream (connections) now
+            reader.close()
 
     return pa.RecordBatchReader.from_batches(schema, gen())
 

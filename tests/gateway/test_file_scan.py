@@ -218,3 +218,23 @@ def test_a_file_is_decoded_once_by_concurrent_readers() -> None:
     for t in threads:
         t.join()
     assert errors == ["gone"] * 3 and reads.count("failed") == 3
+
+
+def test_coalesced_closes_its_source_when_the_caller_drops_it_early() -> None:
+    """As the Flight server does with a stream whose client went away: the source's own
+    clean-up (connections back to their pools) runs then, not at the end of its rows."""
+    schema = pa.schema([("x", pa.int64())])
+    closed: list[bool] = []
+
+    def gen():  # type: ignore[no-untyped-def]
+        try:
+            for i in range(10):
+                yield pa.record_batch([pa.array([i] * 100, pa.int64())], schema=schema)
+        finally:
+            closed.append(True)
+
+    out = coalesced(pa.RecordBatchReader.from_batches(schema, gen()), rows=200)
+    assert out.read_next_batch().num_rows == 200
+    out.close()
+    del out
+    assert closed == [True]
