@@ -31,6 +31,11 @@ _lock = threading.Lock()
 _cache: OrderedDict[tuple[str, bool], tuple[Any, ...]] = OrderedDict()
 _held = 0
 _stats = {"hits": 0, "misses": 0}
+#: Manifests being decoded, each by one caller: a process new to a table (a replica restarted
+#: under failover got 16 readers at once) otherwise decoded each manifest once per reader.
+_decoding: dict[tuple[str, bool], threading.Event] = {}
+#: How long a caller waits for another one decoding the same manifest before it decodes it.
+DECODE_WAIT_S = 30.0
 
 
 def entries(io: Any, manifest: Any, discard_deleted: bool = True) -> list[Any]:
@@ -40,23 +45,45 @@ def entries(io: Any, manifest: Any, discard_deleted: bool = True) -> list[Any]:
     io.new_input(path)  # the guard's check: raises PERMISSION_DENIED for an outside file
     key = (path, bool(discard_deleted))
     with _lock:
-        hit = _cache.get(key)
+        hit = _hit(key)
         if hit is not None:
-            _cache.move_to_end(key)
-            _stats["hits"] += 1
             return list(hit)
+        decoding = _decoding.get(key)
+        if decoding is None:
+            _decoding[key] = threading.Event()
         _stats["misses"] += 1
-    fetch = _fetch or type(manifest).fetch_manifest_entry
-    found = tuple(fetch(manifest, io, discard_deleted=discard_deleted))
-    if len(found) <= MAX_ENTRIES // 4:  # one huge manifest would evict everything else
+    if decoding is not None:  # another caller decodes it: its entries, or decoded here after all
+        decoding.wait(DECODE_WAIT_S)
         with _lock:
-            if key not in _cache:
-                _cache[key] = found
-                _held += len(found)
-            while _held > MAX_ENTRIES:
-                _, dropped = _cache.popitem(last=False)
-                _held -= len(dropped)
+            hit = _hit(key)
+        return list(hit) if hit is not None else _decode(io, manifest, discard_deleted)
+    try:
+        found = tuple(_decode(io, manifest, discard_deleted))
+        if len(found) <= MAX_ENTRIES // 4:  # one huge manifest would evict everything else
+            with _lock:
+                if key not in _cache:
+                    _cache[key] = found
+                    _held += len(found)
+                while _held > MAX_ENTRIES:
+                    _, dropped = _cache.popitem(last=False)
+                    _held -= len(dropped)
+    finally:
+        with _lock:
+            _decoding.pop(key).set()
     return list(found)
+
+
+def _hit(key: tuple[str, bool]) -> tuple[Any, ...] | None:
+    hit = _cache.get(key)
+    if hit is not None:
+        _cache.move_to_end(key)
+        _stats["hits"] += 1
+    return hit
+
+
+def _decode(io: Any, manifest: Any, discard_deleted: bool) -> list[Any]:
+    fetch = _fetch or type(manifest).fetch_manifest_entry
+    return list(fetch(manifest, io, discard_deleted=discard_deleted))
 
 
 #: pyiceberg's own ``ManifestFile.fetch_manifest_entry``, once ``cache_pyiceberg_reads`` ran.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -124,3 +125,37 @@ def test_an_overwrite_reads_the_entries_readers_decoded(tmp_path: Path) -> None:
     table = iceberg.catalog.load_table("db.t")
     assert [t.file.file_path for t in table.scan().plan_files()] == [path]
     assert table.scan().to_arrow().sort_by("id").equals(rows.sort_by("id"))
+
+
+def test_readers_new_to_a_manifest_decode_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight planners meeting a manifest this process has not decoded (a restarted replica's
+    readers, all at once) wait for the one decoding it."""
+    import threading
+    import time
+
+    iceberg_manifests.clear()
+    iceberg = IcebergFixture(tmp_path)
+    table = iceberg.create("t", SCHEMA)
+    table.append(_rows(0, 10))
+    manifest = table.current_snapshot().manifests(table.io)[0]
+    real = iceberg_manifests._fetch or type(manifest).fetch_manifest_entry
+    decoded: list[str] = []
+
+    def slow(m: Any, io: Any, discard_deleted: bool = True) -> list[Any]:
+        decoded.append(str(m.manifest_path))
+        time.sleep(0.2)
+        return list(real(m, io, discard_deleted=discard_deleted))
+
+    monkeypatch.setattr(iceberg_manifests, "_fetch", slow)
+    got: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(len(iceberg_manifests.entries(table.io, manifest))))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [1] * 8 and len(decoded) == 1
