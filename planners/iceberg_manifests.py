@@ -49,9 +49,9 @@ def entries(io: Any, manifest: Any, discard_deleted: bool = True) -> list[Any]:
         if hit is not None:
             return list(hit)
         decoding = _decoding.get(key)
-        if decoding is None:
+        if decoding is None:  # decoded here (a caller that waits for it counts a hit)
             _decoding[key] = threading.Event()
-        _stats["misses"] += 1
+            _stats["misses"] += 1
     if decoding is not None:  # another caller decodes it: its entries, or decoded here after all
         decoding.wait(DECODE_WAIT_S)
         with _lock:
