@@ -135,8 +135,12 @@ def chain_readers(
     return pa.RecordBatchReader.from_batches(schema, gen())
 
 
-#: A joined batch's bound in bytes: a stream's memory stays one batch, whatever its rows' width.
-COALESCE_BYTES = 8 << 20
+#: A joined batch's bound in bytes, whatever its rows' width: gRPC takes several messages of a
+#: stream whose client stops reading before it blocks the writer, and with 8 MiB batches a
+#: 40 MB Kafka stream was read to its end (``test_kafka_consumers``: its consumer closed instead
+#: of parked), holding all of it in buffers. At 1 MiB a batch is big enough that per-batch costs
+#: are small next to its rows (the row bound decides for narrow rows).
+COALESCE_BYTES = 1 << 20
 
 
 def coalesced(

@@ -140,22 +140,25 @@ def test_a_stream_whose_client_stops_reading_gives_its_consumer_up(
         _kafka_table(limited, kafka_bootstrap, name, n, "x" * 1_000, task=n)
     _kafka_table(limited, kafka_bootstrap, "other", 3_000, "y", task=10_000)
     raw = fl.connect(limited.uri)
-    streams = [raw.do_get(limited.flight_info(t).endpoints[0].ticket) for t in ("slow", "slow2")]
-    firsts = [s.read_chunk().data for s in streams]
-    deadline = time.monotonic() + 10
-    while POOL.open_count() < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)  # both streams are parked with their consumers open
-    assert POOL.open_count() == 2
+    try:  # closed whatever happens: open streams would keep the gateway from shutting down
+        streams = [raw.do_get(limited.flight_info(t).endpoints[0].ticket)
+                   for t in ("slow", "slow2")]  # fmt: skip
+        firsts = [s.read_chunk().data for s in streams]
+        deadline = time.monotonic() + 10
+        while POOL.open_count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # both streams are parked with their consumers open
+        assert POOL.open_count() == 2
 
-    t0 = time.monotonic()
-    other = limited.read("other", columns=["id"]).column("id").to_pylist()
-    assert sorted(other) == list(range(3_000))
-    assert time.monotonic() - t0 < 15  # well within the 20 s wait: it did not wait it out
+        t0 = time.monotonic()
+        other = limited.read("other", columns=["id"]).column("id").to_pylist()
+        assert sorted(other) == list(range(3_000))
+        assert time.monotonic() - t0 < 15  # well within the 20 s wait: it did not wait it out
 
-    for first, stream in zip(firsts, streams, strict=True):
-        ids = first.column(0).to_pylist() + stream.read_all().column("id").to_pylist()
-        assert ids == list(range(n))
-    raw.close()
+        for first, stream in zip(firsts, streams, strict=True):
+            ids = first.column(0).to_pylist() + stream.read_all().column("id").to_pylist()
+            assert ids == list(range(n))
+    finally:
+        raw.close()
 
 
 def test_a_read_that_cannot_get_a_consumer_in_time_is_busy(
