@@ -31,6 +31,7 @@ import pyarrow.fs as pafs
 
 from flight_gateway.protocol.errors import Unavailable
 from planners.common import chain_readers, scan_dataset, target_schema
+from planners.in_flight import InFlight
 from planners.kind import ScanRequest
 
 #: Formats whose files carry their own schema (CSV's is inferred per file: scanned alone).
@@ -91,38 +92,25 @@ class _Decoded:
         self.limit = limit
         self._lock = threading.Lock()
         self._tables: OrderedDict[_Key, pa.Table] = OrderedDict()
-        self._reading: dict[_Key, threading.Event] = {}
         self._bytes = 0
+        self._reading = InFlight(READ_WAIT_S)
 
     def get(self, key: _Key, read: Callable[[], pa.Table]) -> pa.Table:
-        """The file's rows, decoded by one caller at a time: the readers of a table new to
-        the process (a replica restarted under failover gets them all at once) otherwise
-        each decoded every file."""
-        with self._lock:
-            found = self._lookup(key)
-            if found is not None:
-                return found
-            reading = self._reading.get(key)
-            if reading is None:
-                self._reading[key] = threading.Event()
-        if reading is not None:  # another caller decodes it: its rows, or read here after all
-            reading.wait(READ_WAIT_S)
-            with self._lock:
-                found = self._lookup(key)
-            return found if found is not None else read()
-        try:
+        """The file's rows, decoded by one caller at a time (``InFlight``)."""
+
+        def make() -> pa.Table:
             table = read()
             self._keep(key, table)
-        finally:
-            with self._lock:
-                self._reading.pop(key).set()
-        return table
+            return table
+
+        return self._reading.get(key, lambda: self._lookup(key), make)
 
     def _lookup(self, key: _Key) -> pa.Table | None:
-        found = self._tables.get(key)
-        if found is not None:
-            self._tables.move_to_end(key)
-        return found
+        with self._lock:
+            found = self._tables.get(key)
+            if found is not None:
+                self._tables.move_to_end(key)
+            return found
 
     def _keep(self, key: _Key, table: pa.Table) -> None:
         size = table.nbytes
@@ -170,13 +158,6 @@ def listed(
         schema = _SCHEMAS.get(key, functools.partial(_schema, request, fs, path, fmt))
         out.append(Listed(path, key, size, schema))
     return out
-
-
-def file_schemas(
-    request: ScanRequest, fs: pafs.FileSystem, paths: Sequence[str], fmt: str
-) -> list[pa.Schema]:
-    """Each file's physical schema, read once per process; a missing file is UNAVAILABLE."""
-    return [f.schema for f in listed(request, fs, paths, fmt)]
 
 
 def run_dataset(

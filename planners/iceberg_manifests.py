@@ -23,6 +23,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from planners.in_flight import InFlight
+
 #: Entries kept over all cached manifests (a data file's entry with column statistics is a
 #: few KB): bounds the cache's memory whatever the tables' sizes.
 MAX_ENTRIES = 50_000
@@ -31,33 +33,27 @@ _lock = threading.Lock()
 _cache: OrderedDict[tuple[str, bool], tuple[Any, ...]] = OrderedDict()
 _held = 0
 _stats = {"hits": 0, "misses": 0}
-#: Manifests being decoded, each by one caller: a process new to a table (a replica restarted
-#: under failover got 16 readers at once) otherwise decoded each manifest once per reader.
-_decoding: dict[tuple[str, bool], threading.Event] = {}
 #: How long a caller waits for another one decoding the same manifest before it decodes it.
 DECODE_WAIT_S = 30.0
+#: Manifests being decoded, each by one caller: a process new to a table (a replica restarted
+#: under failover got 16 readers at once) otherwise decoded each manifest once per reader.
+_decoding = InFlight(DECODE_WAIT_S)
 
 
 def entries(io: Any, manifest: Any, discard_deleted: bool = True) -> list[Any]:
     """``manifest.fetch_manifest_entry(io, discard_deleted)``, from the cache when it holds it."""
-    global _held
     path = str(manifest.manifest_path)
     io.new_input(path)  # the guard's check: raises PERMISSION_DENIED for an outside file
     key = (path, bool(discard_deleted))
-    with _lock:
-        hit = _hit(key)
-        if hit is not None:
-            return list(hit)
-        decoding = _decoding.get(key)
-        if decoding is None:  # decoded here (a caller that waits for it counts a hit)
-            _decoding[key] = threading.Event()
-            _stats["misses"] += 1
-    if decoding is not None:  # another caller decodes it: its entries, or decoded here after all
-        decoding.wait(DECODE_WAIT_S)
+
+    def cached() -> tuple[Any, ...] | None:
         with _lock:
-            hit = _hit(key)
-        return list(hit) if hit is not None else _decode(io, manifest, discard_deleted)
-    try:
+            return _hit(key)
+
+    def make() -> tuple[Any, ...]:
+        global _held
+        with _lock:
+            _stats["misses"] += 1
         found = tuple(_decode(io, manifest, discard_deleted))
         if len(found) <= MAX_ENTRIES // 4:  # one huge manifest would evict everything else
             with _lock:
@@ -67,10 +63,9 @@ def entries(io: Any, manifest: Any, discard_deleted: bool = True) -> list[Any]:
                 while _held > MAX_ENTRIES:
                     _, dropped = _cache.popitem(last=False)
                     _held -= len(dropped)
-    finally:
-        with _lock:
-            _decoding.pop(key).set()
-    return list(found)
+        return found
+
+    return list(_decoding.get(key, cached, make))
 
 
 def _hit(key: tuple[str, bool]) -> tuple[Any, ...] | None:
