@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -41,6 +42,9 @@ class Core:
     config: GatewayConfig | None = None
     _layouts: Layouts | None = field(default=None, repr=False)
     _layouts_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: The slice store's directory when this process made it (no ``iceberg_rest_dir``):
+    #: removed on close, as nothing else knows it (a gateway per test left one in /tmp each).
+    _own_root: Path | None = field(default=None, repr=False)
 
     @property
     def layouts(self) -> Layouts:
@@ -51,7 +55,10 @@ class Core:
             if self._layouts is None:
                 config = self.config or GatewayConfig()
                 settings = config.rest_settings
-                root = Path(config.iceberg_rest_dir or tempfile.mkdtemp(prefix="harness-slices-"))
+                if config.iceberg_rest_dir:
+                    root = Path(config.iceberg_rest_dir)
+                else:
+                    root = self._own_root = Path(tempfile.mkdtemp(prefix="harness-slices-"))
                 store = SliceStore(root, budget_bytes=settings.disk_budget_mb << 20,
                                    pin_s=settings.pin_s,
                                    group_readable=settings.group_readable)  # fmt: skip
@@ -62,6 +69,9 @@ class Core:
         with self._layouts_lock:
             if self._layouts is not None:
                 self._layouts.store.close()
+            if self._own_root is not None:
+                shutil.rmtree(self._own_root, ignore_errors=True)
+                self._own_root = None
 
     @property
     def catalog(self) -> Catalog:
