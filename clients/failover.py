@@ -7,6 +7,9 @@ are, DoGet of a ticket from its start (the caller drops what the cut stream deli
 and commits with their commit id (a repeat of one that landed answers ``applied: false``).
 Calls that are not idempotent (taking a lock, creating a table) are never repeated.
 
+A client that failed over goes back to its first replica once that one answers again
+(``Replicas.failback_s``), so that clients spread over replicas stay spread after a restart.
+
 A call a gateway refused because a concurrency limit was full (RESOURCE_EXHAUSTED of kind
 ``busy``: too many streams, uploads or statements in progress) did nothing, so any call is
 repeated after a jittered back-off, for up to ``busy_s``: the gateway sheds load at once and
@@ -63,8 +66,13 @@ def never_sent(exc: BaseException) -> bool:
     return is_transport_failure(exc) and ("failed to connect" in text or "refused" in text)
 
 
+#: The longest pause between a client's tries of its first replica while that one stays down.
+FAILBACK_MAX_S = 60.0
+
+
 class Replicas:
-    """The gateway addresses a client may use, the first one preferred until it fails."""
+    """The gateway addresses a client may use, the first one preferred: after a failure
+    moved the client off it, it is tried again (``failback_s``)."""
 
     def __init__(
         self,
@@ -73,6 +81,7 @@ class Replicas:
         busy_s: float = 0.0,
         served_s: float = 1.0,
         renewals: int = 10,
+        failback_s: float | None = 5.0,
     ) -> None:
         if not uris:
             raise ValueError("at least one gateway address is needed")
@@ -84,6 +93,16 @@ class Replicas:
         #: replica killed every 20 s a read longer than that was cut on each replica it
         #: reached and given up (the failover bench: 5-11 reads a run).
         self.served_s, self.renewals = served_s, renewals
+        #: ``failback_s`` after a failure moved the client off its first replica, a call
+        #: tries that one first again, and stays there if it answers; while it does not, the
+        #: pause doubles (at most ``FAILBACK_MAX_S``); None: never. Without it, clients that
+        #: failed over stayed where they landed, so after a restart one replica served them
+        #: all and the other none: the next failure moved every client at once onto a
+        #: replica whose caches were cold (the failover bench: no read ended for the 8-12 s
+        #: after each kill).
+        self.failback_s = failback_s
+        self._back_at: float | None = None  # when the first replica is tried again
+        self._back_pause = failback_s or 0.0
         self._current = 0
         self._lock = threading.Lock()
 
@@ -95,6 +114,28 @@ class Replicas:
         with self._lock:
             if self.uris[self._current] == failed:
                 self._current = (self._current + 1) % len(self.uris)
+            if failed != self.uris[0] or self._current == 0 or self.failback_s is None:
+                return
+            now = time.monotonic()
+            if self._back_at is None:  # just moved off it
+                self._back_at = now + self._back_pause
+            elif now >= self._back_at:  # the try it was due failed: wait longer
+                self._back_pause = min(self._back_pause * 2, FAILBACK_MAX_S)
+                self._back_at = now + self._back_pause
+
+    def _failback(self) -> list[str]:
+        """The first replica when it is time to try it again, else nothing."""
+        with self._lock:
+            due = self._back_at is not None and time.monotonic() >= self._back_at
+            return [self.uris[0]] if due and self._current != 0 else []
+
+    def _answered(self, uri: str) -> None:
+        """``uri`` answered a call: back on the first replica if it is that one."""
+        if uri != self.uris[0] or self._current == 0:
+            return
+        with self._lock:
+            self._current, self._back_at = 0, None
+            self._back_pause = self.failback_s or 0.0
 
     def run(
         self, call: Callable[[str], T], prefer: Sequence[str] = (), *, unsent_only: bool = False
@@ -112,12 +153,12 @@ class Replicas:
         busy_until = time.monotonic() + self.busy_s
         pause, busy_pause = 0.05, 0.02
         while True:
-            order = list(dict.fromkeys([*prefer, self.current, *self.uris]))
+            order = list(dict.fromkeys([*prefer, *self._failback(), self.current, *self.uris]))
             busy = False
             for uri in order:
                 began = time.monotonic()
                 try:
-                    return call(uri)
+                    out = call(uri)
                 except Exception as e:
                     if is_busy(e) and time.monotonic() < busy_until:
                         busy = True
@@ -133,6 +174,9 @@ class Replicas:
                     log.info("gateway %s unreachable (%s); trying another replica", uri, e)
                     if uri in self.uris:
                         self._next_after(uri)
+                    continue
+                self._answered(uri)
+                return out
             if busy:  # jittered, so that refused callers do not all come back at once
                 time.sleep(busy_pause * random.uniform(0.5, 1.5))
                 busy_pause = min(busy_pause * 2, 1.0)

@@ -42,6 +42,7 @@ class Transport:
         tls_private_key: bytes | None = None,
         replicas: Sequence[str] = (),
         failover_s: float | None = None,
+        failback_s: float | None = 5.0,
         traceparent: str | None = None,
         busy_wait_s: float = 30.0,
     ) -> None:
@@ -49,16 +50,18 @@ class Transport:
         this client's certificate when the gateway requires mutual TLS. ``replicas``: other
         gateways on the same catalog; calls that are safe to repeat move to the next one when
         a gateway cannot be reached, for up to ``failover_s`` (default 60 s with replicas, 0
-        without: fail at once), so also across a restart (``clients.failover``). A call a
-        gateway refused because a concurrency limit was full (``errors.Busy``) is repeated
-        with a back-off for up to ``busy_wait_s`` (0: raise at once)."""
+        without: fail at once), so also across a restart (``clients.failover``); after moving
+        off ``uri``, calls try it again ``failback_s`` later and stay once it answers (None:
+        never). A call a gateway refused because a concurrency limit was full
+        (``errors.Busy``) is repeated with a back-off for up to ``busy_wait_s`` (0: raise at
+        once)."""
         self.uri = uri
         #: A W3C trace parent to send (else the current OpenTelemetry span's, if any).
         self._traceparent = traceparent
         # gRPC's message buffers (flight_gateway.protocol.allocator): process-wide, so opt-in here.
         tune_for_flight(default_on=False)
         window = failover_s if failover_s is not None else (60.0 if replicas else 0.0)
-        self._replicas = Replicas([uri, *replicas], window, busy_wait_s)
+        self._replicas = Replicas([uri, *replicas], window, busy_wait_s, failback_s=failback_s)
         self._headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._tls: dict[str, bytes] = {}
         if tls_root_certs:

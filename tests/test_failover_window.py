@@ -3,7 +3,9 @@ long call cut when its replica dies is sent again however long it ran."""
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Callable
 
 import pyarrow.flight as fl
 import pytest
@@ -86,3 +88,62 @@ def test_cuts_renew_the_window_a_bounded_number_of_times() -> None:
     with pytest.raises(fl.FlightUnavailableError):
         replicas.run(call)
     assert 4 <= len(calls) <= 8
+
+
+A, B = "grpc://a:1", "grpc://b:1"
+
+
+def _calls(down: set[str], log: list[str]) -> Callable[[str], str]:
+    def call(uri: str) -> str:
+        log.append(uri)
+        if uri in down:
+            raise fl.FlightUnavailableError(REFUSED)
+        return uri
+
+    return call
+
+
+def test_a_client_goes_back_to_its_first_replica_once_it_answers() -> None:
+    """Clients spread over replicas stay spread after a restart: a client moved off its first
+    replica tries it again after ``failback_s`` and stays once it answers."""
+    replicas = Replicas([A, B], window_s=5.0, failback_s=0.2)
+    down, calls = {A}, list[str]()
+    call = _calls(down, calls)
+    assert replicas.run(call) == B
+    assert replicas.run(call) == B  # not due yet: the first replica is not tried
+    assert calls == [A, B, B]
+    down.clear()  # restarted
+    time.sleep(0.25)
+    assert replicas.run(call) == A
+    assert replicas.run(call) == A
+    assert calls[3:] == [A, A]
+
+
+def test_a_first_replica_that_stays_down_is_tried_less_and_less_often() -> None:
+    replicas = Replicas([A, B], window_s=5.0, failback_s=0.05)
+    tries: list[float] = []
+
+    def call(uri: str) -> str:
+        if uri == A:
+            tries.append(time.monotonic())
+            raise fl.FlightUnavailableError(REFUSED)
+        return uri
+
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        assert replicas.run(call) == B
+        time.sleep(0.005)
+    # Due at 0.05, 0.15, 0.35 and 0.75 s after the first failure: not at each of ~150 calls.
+    assert 3 <= len(tries) <= 6
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert all(later > earlier for earlier, later in itertools.pairwise(gaps))
+
+
+def test_without_failback_a_client_stays_where_it_failed_over() -> None:
+    replicas = Replicas([A, B], window_s=5.0, failback_s=None)
+    down, calls = {A}, list[str]()
+    call = _calls(down, calls)
+    assert replicas.run(call) == B
+    down.clear()
+    time.sleep(0.05)
+    assert [replicas.run(call) for _ in range(3)] == [B, B, B]
