@@ -375,6 +375,20 @@ def _decimals(
     return numeric.decoded(reader, {c: ps for c, ps in declared.items() if ps is not None})
 
 
+def _travel(
+    types: Mapping[str, str], cols: Sequence[ColumnSpec], mapping: Mapping[str, str]
+) -> dict[str, str]:
+    """``types`` as ``_output`` should see them for a read of ``cols``: a NUMERIC that some
+    column other than a decimal reads is written bare, so it travels as text, formatted by
+    Postgres (as a decimal, Arrow would write 0.000000005 as a string its own way: 5E-9)."""
+    other = {
+        mapping[c.name] for c in cols if c.name in mapping and not pa.types.is_decimal(c.arrow_type)
+    }
+    return {
+        c: "numeric" if c in other and t.startswith("numeric(") else t for c, t in types.items()
+    }
+
+
 def _engine_output(name: str, data_type: str) -> str:
     """How a column leaves the server for DuckDB's postgres extension: NUMERIC of a declared
     precision DuckDB holds exactly (<= 38) in its binary form (decoded natively, about 20%
@@ -542,6 +556,7 @@ class PostgresKind(SourceKind):
         def start(cur: Any) -> tuple[pa.RecordBatchReader | pa.Table, dict[str, str]]:
             types, storage = _columns_and_storage(cur, config, src.name)
             mapping = physical_names(cols, types)
+            types = _travel(types, cols, mapping)
             if at is not None:
                 shape = (types, mapping, storage)
                 return self._pinned(request, task, config, shape, at, cur), mapping

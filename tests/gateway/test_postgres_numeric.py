@@ -190,3 +190,27 @@ def test_decoded_turns_only_the_named_columns() -> None:
     assert out.schema.field("n").type == pa.decimal128(7, 2)
     assert out.column("n").to_pylist() == [Decimal("1.50"), Decimal("-0.05")]
     assert out.column("other").type == pa.int64()
+
+
+@pytest.mark.integration
+def test_a_string_column_gets_postgres_text(client: HarnessClient, pg_dsn: str) -> None:
+    """A harness column other than a decimal over numeric(p,s) reads the server's own text
+    (Arrow would write 0.000000005 as 5E-9), as before integers travelled."""
+    name, _ = versioned_table(pg_dsn, "numeric", "id bigint PRIMARY KEY, x numeric(9,9)")
+    as_of = _insert_x(pg_dsn, name, ["0.000000005", "-0.5", "0", None])
+    client.create_table("t", [{"name": "id", "type": "int64"}, {"name": "x", "type": "string"}])
+    version = client.add_source("t", "pg", "postgres", config={"dsn": pg_dsn, "table": name},
+                                state={"as_of": as_of})  # fmt: skip
+    got = client.read("t", version=version).sort_by("id").column("x").to_pylist()
+    with psycopg.connect(pg_dsn) as conn:
+        want = [r[0] for r in conn.execute(f'SELECT x::text FROM "{name}" ORDER BY id')]
+    assert got == want == ["0.000000005", "-0.500000000", "0.000000000", None]
+
+
+def _insert_x(dsn: str, name: str, values: list[str | None]) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.cursor().executemany(
+            f'INSERT INTO "{name}" VALUES (%s, %s)',
+            [(i, None if v is None else Decimal(v)) for i, v in enumerate(values)],
+        )
+        return server_now(conn)
