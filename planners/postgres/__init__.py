@@ -53,6 +53,7 @@ from planners.kind import (
     SourceKind,
     SourceRef,
 )
+from planners.postgres import numeric
 from planners.postgres.cache import CACHE, cache_key, instant, kept
 from planners.postgres.pool import ADBC
 from planners.postgres.split import check_type, key_ranges
@@ -172,11 +173,16 @@ def _as_of(name: str, state: Mapping[str, Any]) -> str | None:
 # care whether a type is numeric and its precision: numeric (or a domain over it) is written
 # as information_schema writes it; arrays as ARRAY and types outside pg_catalog as
 # USER-DEFINED, so that neither numeric(5,1)[] nor a type named numeric_x looks numeric.
+# A numeric whose column in the history table ($2) is typed otherwise is bare numeric: the
+# union of both tables has no declared precision then, and its values may have more decimals
+# (``_output`` reads numeric of a declared precision as unscaled integers).
 _COLUMNS_SQL = """
 SELECT a.attname,
        CASE WHEN coalesce(nullif(t.typbasetype, 0), a.atttypid) = 'numeric'::regtype
-            THEN format_type('numeric'::regtype,
-                             CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END)
+            THEN CASE WHEN (h.atttypid, h.atttypmod) IS DISTINCT FROM (a.atttypid, a.atttypmod)
+                           AND h.atttypid IS NOT NULL THEN 'numeric'
+                      ELSE format_type('numeric'::regtype,
+                             CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END) END
             WHEN t.typcategory = 'A' THEN 'ARRAY'
             WHEN t.typnamespace <> 'pg_catalog'::regnamespace THEN 'USER-DEFINED'
             ELSE format_type(a.atttypid, a.atttypmod) END,
@@ -184,6 +190,8 @@ SELECT a.attname,
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_attribute h
+       ON h.attrelid = to_regclass($2) AND h.attname = a.attname AND NOT h.attisdropped
 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
   AND c.relkind IN ('r', 'v', 'f', 'm', 'p')
   AND (pg_has_role(c.relowner, 'USAGE')
@@ -204,7 +212,7 @@ def _columns_and_storage(
     """``_columns``, and the table's (oid, file node): a table dropped and created again under
     its name has another oid, and one truncated another file node. Neither leaves history,
     so the pinned rows kept of the table before (``planners.postgres.cache``) are not its."""
-    cur.execute(_COLUMNS_SQL, parameters=(config.qualified(),))
+    cur.execute(_COLUMNS_SQL, parameters=(config.qualified(), config.qualified(config.history)))
     rows = cur.fetchall()
     available = {r[0]: r[1] for r in rows if r[0] not in SYSTEM_COLUMNS}
     if not available:
@@ -346,11 +354,39 @@ def _closed_between(cur: Any, config: PostgresConfig, after: str, until: str) ->
 
 
 def _output(name: str, data_type: str) -> str:
-    """How a column leaves the server. NUMERIC is sent as text: Postgres formats it, Arrow
-    parses text to decimal in bulk (both exact), which is several times faster than the
-    driver decoding NUMERIC's binary form value by value."""
+    """How a column leaves the server. NUMERIC of a declared precision up to 18 digits is sent
+    as its unscaled 64-bit integer, made a decimal again by ``_decimals`` (``numeric``); other
+    NUMERIC as text: Postgres formats it, Arrow parses text to decimal in bulk (both exact),
+    which is several times faster than the driver decoding NUMERIC's binary form value by
+    value."""
     q = quote_ident(name)
+    declared = numeric.unscaled(data_type)
+    if declared is not None:
+        return numeric.output(f"v.{q}", q, declared[1])
     return f"v.{q}::text AS {q}" if data_type.startswith("numeric") else f"v.{q}"
+
+
+def _decimals(
+    reader: pa.RecordBatchReader, mapping: Mapping[str, str], types: Mapping[str, str]
+) -> pa.RecordBatchReader:
+    """``reader`` (a task's query, columns sent as ``_output`` says) with its NUMERIC sent as
+    unscaled integers turned back into decimals."""
+    declared = {c: numeric.unscaled(types[c]) for c in set(mapping.values())}
+    return numeric.decoded(reader, {c: ps for c, ps in declared.items() if ps is not None})
+
+
+def _travel(
+    types: Mapping[str, str], cols: Sequence[ColumnSpec], mapping: Mapping[str, str]
+) -> dict[str, str]:
+    """``types`` as ``_output`` should see them for a read of ``cols``: a NUMERIC that some
+    column other than a decimal reads is written bare, so it travels as text, formatted by
+    Postgres (as a decimal, Arrow would write 0.000000005 as a string its own way: 5E-9)."""
+    other = {
+        mapping[c.name] for c in cols if c.name in mapping and not pa.types.is_decimal(c.arrow_type)
+    }
+    return {
+        c: "numeric" if c in other and t.startswith("numeric(") else t for c, t in types.items()
+    }
 
 
 def _engine_output(name: str, data_type: str) -> str:
@@ -520,11 +556,12 @@ class PostgresKind(SourceKind):
         def start(cur: Any) -> tuple[pa.RecordBatchReader | pa.Table, dict[str, str]]:
             types, storage = _columns_and_storage(cur, config, src.name)
             mapping = physical_names(cols, types)
+            types = _travel(types, cols, mapping)
             if at is not None:
                 shape = (types, mapping, storage)
                 return self._pinned(request, task, config, shape, at, cur), mapping
             cur.execute(self._select(request, task, config, mapping, types))
-            return cur.fetch_record_batch(), mapping
+            return _decimals(cur.fetch_record_batch(), mapping, types), mapping
 
         (got, mapping), cur, con = _on_pooled(config, src.name, start)
         if isinstance(got, pa.Table):  # nothing left to stream from the server
@@ -567,14 +604,15 @@ class PostgresKind(SourceKind):
                     request, task, config, mapping, types, written + _written(request, task)
                 )
             )
-            since = cur.fetch_record_batch()
+            fetched = cur.fetch_record_batch()
+            since = _decimals(fetched, mapping, types)
             if since.schema.equals(base.rows.schema):
                 CACHE.extended[key] += 1
                 return kept(since, key, at, as_of, base=base.rows)
-            since.close()  # typed otherwise than the kept rows: all of them, as below
+            fetched.close()  # typed otherwise than the kept rows: all of them, as below
         CACHE.misses[key] += 1
         cur.execute(self._select(request, task, config, mapping, types))
-        return kept(cur.fetch_record_batch(), key, at, as_of)
+        return kept(_decimals(cur.fetch_record_batch(), mapping, types), key, at, as_of)
 
     # ------------------------------------------------------------------ writing
 
