@@ -171,6 +171,13 @@ class Loader:
             cur.adbc_ingest(name, data, mode="create")
             con.commit()
         with psycopg.connect(self.dsn, autocommit=True) as conn:
+            # ADBC's ingest makes decimal128(p, s) bare NUMERIC; the TPC schemas declare
+            # decimal(p, s), as a PostgreSQL schema of theirs would (before versioning: the
+            # history table copies the types).
+            for f in data.schema:
+                if pa.types.is_decimal(f.type):
+                    conn.execute(f'ALTER TABLE "{name}" ALTER COLUMN "{f.name}" '
+                                 f"TYPE numeric({f.type.precision}, {f.type.scale})")  # fmt: skip
             if table in PRIMARY_KEYS:
                 conn.execute(f'ALTER TABLE "{name}" ADD PRIMARY KEY ({PRIMARY_KEYS[table]})')
             enable_versioning(conn, name)
