@@ -95,7 +95,8 @@ class Replicas:
         self.served_s, self.renewals = served_s, renewals
         #: ``failback_s`` after a failure moved the client off its first replica, a call
         #: tries that one first again, and stays there if it answers; while it does not, the
-        #: pause doubles (at most ``FAILBACK_MAX_S``); None: never. Without it, clients that
+        #: next try is ``failback_s`` later again if it refused the connection, else after a
+        #: pause that doubles (at most ``FAILBACK_MAX_S``); None: never. Without it, clients that
         #: failed over stayed where they landed, so after a restart one replica served them
         #: all and the other none: the next failure moved every client at once onto a
         #: replica whose caches were cold (the failover bench: no read ended for the 8-12 s
@@ -110,7 +111,12 @@ class Replicas:
     def current(self) -> str:
         return self.uris[self._current]
 
-    def _next_after(self, failed: str) -> None:
+    def _next_after(self, failed: str, refused: bool = False) -> None:
+        """Move off ``failed``; when it is the first replica, plan when to try it again:
+        ``failback_s`` later if it ``refused`` the connection (its host answers at once:
+        trying again costs nothing, and a replica restarting is back within seconds), else
+        after a pause that doubles with each failed try (a host that does not answer keeps
+        the call waiting for its connect timeout)."""
         with self._lock:
             if self.uris[self._current] == failed:
                 self._current = (self._current + 1) % len(self.uris)
@@ -119,8 +125,9 @@ class Replicas:
             now = time.monotonic()
             if self._back_at is None:  # just moved off it
                 self._back_at = now + self._back_pause
-            elif now >= self._back_at:  # the try it was due failed: wait longer
-                self._back_pause = min(self._back_pause * 2, FAILBACK_MAX_S)
+            elif now >= self._back_at:  # the try it was due failed
+                if not refused:
+                    self._back_pause = min(self._back_pause * 2, FAILBACK_MAX_S)
                 self._back_at = now + self._back_pause
 
     def _failback(self) -> list[str]:
@@ -173,7 +180,7 @@ class Replicas:
                         raise
                     log.info("gateway %s unreachable (%s); trying another replica", uri, e)
                     if uri in self.uris:
-                        self._next_after(uri)
+                        self._next_after(uri, "refused" in str(e).lower())
                     continue
                 self._answered(uri)
                 return out

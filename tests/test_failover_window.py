@@ -119,7 +119,8 @@ def test_a_client_goes_back_to_its_first_replica_once_it_answers() -> None:
     assert calls[3:] == [A, A]
 
 
-def test_a_first_replica_that_stays_down_is_tried_less_and_less_often() -> None:
+def test_a_first_replica_that_stays_unreachable_is_tried_less_and_less_often() -> None:
+    """A host that does not answer keeps each try waiting for its connect timeout."""
     replicas = Replicas([A, B], window_s=5.0, failback_s=0.05)
     tries: list[float] = []
 
@@ -147,3 +148,29 @@ def test_without_failback_a_client_stays_where_it_failed_over() -> None:
     down.clear()
     time.sleep(0.05)
     assert [replicas.run(call) for _ in range(3)] == [B, B, B]
+
+
+def test_a_first_replica_refusing_connections_is_tried_at_the_same_pace() -> None:
+    """Its host answers at once, so a try costs nothing, and a replica restarting (killed
+    every 20 s and back within 8-16 s in the failover bench) is used again within
+    ``failback_s`` of its return: doubled pauses had clients miss it until its next kill."""
+    replicas = Replicas([A, B], window_s=5.0, failback_s=0.1)
+    tries: list[float] = []
+    refused = (
+        "Flight returned unavailable error, with message: failed to connect to all addresses; "
+        "last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: "
+        "Connection refused"
+    )
+
+    def call(uri: str) -> str:
+        if uri == A:
+            tries.append(time.monotonic())
+            raise fl.FlightUnavailableError(refused)
+        return uri
+
+    end = time.monotonic() + 1.2
+    while time.monotonic() < end:
+        assert replicas.run(call) == B
+        time.sleep(0.005)
+    # Due every 0.1 s: ~12 tries (doubled pauses would make 4: at 0, 0.1, 0.3 and 0.7 s).
+    assert 8 <= len(tries) <= 14
