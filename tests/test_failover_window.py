@@ -119,21 +119,28 @@ def test_a_client_goes_back_to_its_first_replica_once_it_answers() -> None:
     assert calls[3:] == [A, A]
 
 
-def test_a_first_replica_that_stays_unreachable_is_tried_less_and_less_often() -> None:
-    """A host that does not answer keeps each try waiting for its connect timeout."""
-    replicas = Replicas([A, B], window_s=5.0, failback_s=0.05)
+def _tries_of_the_first(replicas: Replicas, error: str, seconds: float) -> list[float]:
+    """When the first replica, failing each time with ``error``, was tried while calls ran
+    one after another for ``seconds`` (each answered by the second)."""
     tries: list[float] = []
 
     def call(uri: str) -> str:
         if uri == A:
             tries.append(time.monotonic())
-            raise fl.FlightUnavailableError(REFUSED)
+            raise fl.FlightUnavailableError(error)
         return uri
 
-    end = time.monotonic() + 1.0
+    end = time.monotonic() + seconds
     while time.monotonic() < end:
         assert replicas.run(call) == B
         time.sleep(0.005)
+    return tries
+
+
+def test_a_first_replica_that_stays_unreachable_is_tried_less_and_less_often() -> None:
+    """A host that does not answer keeps each try waiting for its connect timeout."""
+    replicas = Replicas([A, B], window_s=5.0, failback_s=0.05)
+    tries = _tries_of_the_first(replicas, REFUSED, 1.0)
     # Due at 0.05, 0.15, 0.35 and 0.75 s after the first failure: not at each of ~150 calls.
     assert 3 <= len(tries) <= 6
     gaps = [b - a for a, b in itertools.pairwise(tries)]
@@ -155,22 +162,11 @@ def test_a_first_replica_refusing_connections_is_tried_at_the_same_pace() -> Non
     every 20 s and back within 8-16 s in the failover bench) is used again within
     ``failback_s`` of its return: doubled pauses had clients miss it until its next kill."""
     replicas = Replicas([A, B], window_s=5.0, failback_s=0.1)
-    tries: list[float] = []
     refused = (
         "Flight returned unavailable error, with message: failed to connect to all addresses; "
         "last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: "
         "Connection refused"
     )
-
-    def call(uri: str) -> str:
-        if uri == A:
-            tries.append(time.monotonic())
-            raise fl.FlightUnavailableError(refused)
-        return uri
-
-    end = time.monotonic() + 1.2
-    while time.monotonic() < end:
-        assert replicas.run(call) == B
-        time.sleep(0.005)
+    tries = _tries_of_the_first(replicas, refused, 1.2)
     # Due every 0.1 s: ~12 tries (doubled pauses would make 4: at 0, 0.1, 0.3 and 0.7 s).
     assert 8 <= len(tries) <= 14
