@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from flight_gateway.faces.flightsql.engine import with_relations
+from flight_gateway.faces.flightsql.engine import with_relations, without_relations
 from flight_gateway.faces.flightsql.workers import Plan
 from flight_gateway.protocol.flightsql import pack, pb
 from tests.gateway.helpers import client_for, running_gateway
@@ -59,6 +59,20 @@ def test_relations_as_ctes_answer_as_views_do(sql: str) -> None:
         assert plan.sql == sql and plan.steps
     else:
         assert not plan.steps and "NOT MATERIALIZED" in plan.sql
+
+
+def test_an_error_shows_an_excerpt_of_the_callers_statement_alone() -> None:
+    statement = "SELECT CAST('x' || i AS INTEGER) FROM __harness_0"
+    head = "Conversion Error: Could not convert string 'x0' to INT32"
+    caret = "\n" + " " * 40 + "^"
+    # A bare piece of a pinned file's path, as DuckDB cuts an excerpt of a long line.
+    of_a_path = f"{head}\n\nLINE 1: .../data/part-0.parquet'])),  SELECT CAST('x' || i AS...{caret}"
+    assert without_relations(of_a_path, statement) == head
+    own = f"{head}\n\nLINE 1: ...CAST('x' || i AS INTEGER) FROM __harness_0{caret}"
+    assert without_relations(own, statement) == own
+    # Without the statement, only the relations' own words give them away.
+    assert without_relations(of_a_path) == of_a_path
+    assert without_relations(f"{head}\n\nLINE 1: ...read_parquet(['/d/p'])...") == head
 
 
 @pytest.mark.integration

@@ -413,7 +413,8 @@ class FlightSqlService:
             scope = json.dumps([who.name, sorted({*who.read, *who.write, *who.admin})])
 
         def translate(kind: str, message: str) -> BaseException:
-            return engine.translate(kind, message, self.limits, engine.secrets_of(dsns))
+            secrets = engine.secrets_of(dsns)
+            return engine.translate(kind, message, self.limits, secrets, plan.statement)
 
         return Execution(
             self.workers,

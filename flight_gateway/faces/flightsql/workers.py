@@ -336,6 +336,9 @@ class Plan:
     streams: list[Callable[[], pa.RecordBatchReader]] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     dsns: tuple[str, ...] = ()
+    #: The statement as written before the relations were put in front of it (an error's
+    #: excerpt of anything else is not shown: ``engine.without_relations``).
+    statement: str | None = None
 
     def request(self, op: str, batch_rows: int, scope: str = "") -> dict[str, Any]:
         """What the worker is sent; ``scope``: whose statement it is (the caller and its grants):
