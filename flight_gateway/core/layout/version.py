@@ -42,6 +42,11 @@ from planners.layout import POSITION_DELETES, LaidFile, LaysOutFiles, Slices
 log = logging.getLogger(__name__)
 ROW_GROUP_ROWS = 1 << 20
 FILE_BYTES = 512 << 20  # a piece larger than this is several files
+#: Slices are a local copy made on a statement's path and read again by every statement at
+#: their version: written a third faster in Snappy than in zstd (TPC-H lineitem, 1.5 M rows:
+#: 0.56 s against 0.86 s; TPC-DS store_sales at SF 0.01: 22 against 36 ms) and read no
+#: slower by DuckDB, for ~25 % more bytes (45 MB against 35).
+SLICE_CODEC = "snappy"
 
 
 @dataclass(frozen=True)
@@ -243,7 +248,7 @@ class Layouts:
                     tmp = self.store.temporary(table_id, where, ".parquet")
                     writer, rows = (
                         pq.ParquetWriter(
-                            tmp, schema, compression="zstd", store_decimal_as_integer=True
+                            tmp, schema, compression=SLICE_CODEC, store_decimal_as_integer=True
                         ),
                         0,
                     )
