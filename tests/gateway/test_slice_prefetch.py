@@ -57,3 +57,35 @@ def test_stopping_early_stops_the_reading_and_closes_its_reader() -> None:
     assert closed.is_set()  # closed before close() returned: the thread was joined
     assert len(read) <= prefetch.DEPTH + 3
     assert not [t for t in threading.enumerate() if t.name == "slice-read"]
+
+
+def test_two_ways_read_every_batch_once_each_reader_in_order() -> None:
+    readers = [_reader(k * 100, 9) for k in range(5)]
+    got = [b.column("i").to_pylist() for b in prefetch.prefetched(readers, ways=2)]
+    values = [i for b in got for i in b]
+    assert sorted(values) == sorted(i for k in range(5) for i in range(k * 100, k * 100 + 90))
+    for k in range(5):  # interleaved with the other thread's, but each reader's in order
+        own = [i for i in values if k * 100 <= i < k * 100 + 90]
+        assert own == sorted(own)
+    assert not [t for t in threading.enumerate() if t.name == "slice-read"]
+
+
+def test_two_ways_an_error_stops_both_and_closes_the_other_reader() -> None:
+    closed = threading.Event()
+
+    def endless() -> Iterator[pa.RecordBatch]:
+        try:
+            while True:
+                yield pa.record_batch({"i": [0]})
+        finally:
+            closed.set()
+
+    def failing() -> Iterator[pa.RecordBatch]:
+        yield pa.record_batch({"i": [1]})
+        raise OSError("server closed the connection")
+
+    with pytest.raises(OSError, match="server closed"):
+        for _ in prefetch.prefetched([endless(), failing()], ways=2):
+            pass
+    assert closed.is_set()
+    assert not [t for t in threading.enumerate() if t.name == "slice-read"]

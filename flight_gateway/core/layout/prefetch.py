@@ -1,10 +1,12 @@
-"""Batches read ahead by a thread of their own while the caller writes the ones before.
+"""Batches read ahead by threads of their own while the caller writes the ones before.
 
 Making a slice reads a source (PostgreSQL's binary COPY decoded to Arrow by ADBC, Kafka
-messages) and writes Parquet (encoding, zstd): both run in native code outside the GIL, and
-done one after the other a slice took their sum. Measured before this (TPC-H SF 1, the
-PostgreSQL quarter of lineitem, 1.5 M rows, first statement at a version): 9.5 s to slice
-three PostgreSQL sources, 3.0 s of it writing Parquet and the rest reading.
+messages) and writes Parquet (encoding, compression): both run in native code outside the
+GIL, and done one after the other a slice took their sum. Measured before this (TPC-H SF 1,
+the PostgreSQL quarter of lineitem, 1.5 M rows, first statement at a version): 9.5 s to slice
+three PostgreSQL sources, 3.0 s of it writing Parquet and the rest reading. A source of
+several tasks is read by more than one thread (``ways``): each task's server side (a COPY)
+then runs beside the other's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextvars
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -35,13 +38,19 @@ class _Failed:
         self.error = error
 
 
-def prefetched(readers: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
-    """Every batch of each of ``readers`` in order, read by a thread up to ``DEPTH`` batches
-    ahead. A reader's error is raised here, where its batch would have been; a caller that
-    stops early (its own error, or closing this) stops the thread after the batch it is
-    reading, and the reader it was in is closed."""
-    ahead: queue.Queue[Any] = queue.Queue(DEPTH)
+def prefetched(
+    readers: Iterable[Iterable[pa.RecordBatch]], ways: int = 1
+) -> Iterator[pa.RecordBatch]:
+    """Every batch of each of ``readers``, read by ``ways`` threads up to ``DEPTH`` batches
+    each ahead: with one, in order; with more, each thread takes the next reader when it is
+    done with its own, so their batches interleave (a slice's rows have no order to keep).
+    A reader's error is raised here, where its batch would have been; a caller that stops
+    early (its own error, or closing this) stops the threads after the batch each is
+    reading, and the readers they were in are closed."""
+    ahead: queue.Queue[Any] = queue.Queue(DEPTH * ways)
     stop = threading.Event()
+    source = iter(readers)
+    taking = threading.Lock()  # a generator of readers is not for two threads at once
 
     def put(item: Any) -> bool:
         while not stop.is_set():
@@ -52,9 +61,13 @@ def prefetched(readers: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.Recor
                 continue
         return False
 
+    def next_reader() -> Iterable[pa.RecordBatch] | None:
+        with taking:
+            return None if stop.is_set() else next(source, None)
+
     def read() -> None:
         try:
-            for reader in readers:
+            while (reader := next_reader()) is not None:
                 try:
                     for batch in reader:
                         if not put(batch):
@@ -70,22 +83,30 @@ def prefetched(readers: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.Recor
             put(_End())
 
     ctx = contextvars.copy_context()  # the caller's trace, for spans the readers open
-    thread = threading.Thread(target=ctx.run, args=(read,), daemon=True, name="slice-read")
-    thread.start()
+    threads = [
+        threading.Thread(target=ctx.copy().run, args=(read,), daemon=True, name="slice-read")
+        for _ in range(max(1, ways))
+    ]
+    for thread in threads:
+        thread.start()
     try:
-        while True:
+        ended = 0
+        while ended < len(threads):
             item = ahead.get()
             if isinstance(item, _End):
-                return
+                ended += 1
+                continue
             if isinstance(item, _Failed):
                 raise item.error
             yield item
     finally:
         stop.set()
-        # It stops after the batch it is reading; a source stuck in a read does not hold the
-        # caller past this (the thread ends, closing its reader, when the read returns).
-        thread.join(JOIN_S)
-        if thread.is_alive():
+        # Each stops after the batch it is reading; a source stuck in a read does not hold
+        # the caller past this (its thread ends, closing its reader, when the read returns).
+        deadline = time.monotonic() + JOIN_S
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in threads):
             log.warning(
                 "a slice's source is still in a read %.0f s after its writer stopped", JOIN_S
             )
