@@ -47,6 +47,7 @@ def prefetched(
     A reader's error is raised here, where its batch would have been; a caller that stops
     early (its own error, or closing this) stops the threads after the batch each is
     reading, and the readers they were in are closed."""
+    ways = max(1, ways)
     ahead: queue.Queue[Any] = queue.Queue(DEPTH * ways)
     stop = threading.Event()
     source = iter(readers)
@@ -85,7 +86,7 @@ def prefetched(
     ctx = contextvars.copy_context()  # the caller's trace, for spans the readers open
     threads = [
         threading.Thread(target=ctx.copy().run, args=(read,), daemon=True, name="slice-read")
-        for _ in range(max(1, ways))
+        for _ in range(ways)
     ]
     for thread in threads:
         thread.start()
