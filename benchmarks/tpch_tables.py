@@ -174,10 +174,11 @@ class Loader:
             # ADBC's ingest makes decimal128(p, s) bare NUMERIC; the TPC schemas declare
             # decimal(p, s), as a PostgreSQL schema of theirs would (before versioning: the
             # history table copies the types).
-            for f in data.schema:
-                if pa.types.is_decimal(f.type):
-                    conn.execute(f'ALTER TABLE "{name}" ALTER COLUMN "{f.name}" '
-                                 f"TYPE numeric({f.type.precision}, {f.type.scale})")  # fmt: skip
+            # One statement: PostgreSQL rewrites the table once, not once per column.
+            decimals = [f'ALTER COLUMN "{f.name}" TYPE numeric({f.type.precision}, {f.type.scale})'
+                        for f in data.schema if pa.types.is_decimal(f.type)]  # fmt: skip
+            if decimals:
+                conn.execute(f'ALTER TABLE "{name}" {", ".join(decimals)}')
             if table in PRIMARY_KEYS:
                 conn.execute(f'ALTER TABLE "{name}" ADD PRIMARY KEY ({PRIMARY_KEYS[table]})')
             enable_versioning(conn, name)

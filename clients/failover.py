@@ -62,8 +62,13 @@ def is_transport_failure(exc: BaseException) -> bool:
 
 def never_sent(exc: BaseException) -> bool:
     """No connection was made, so the gateway never saw the call: safe to send elsewhere."""
-    text = str(exc).lower()
-    return is_transport_failure(exc) and ("failed to connect" in text or "refused" in text)
+    return refused(exc) or (is_transport_failure(exc) and "failed to connect" in str(exc).lower())
+
+
+def refused(exc: BaseException) -> bool:
+    """The replica's host answered at once that nothing listens there (a gateway restarting),
+    not a host that does not answer at all."""
+    return is_transport_failure(exc) and "refused" in str(exc).lower()
 
 
 #: The longest pause between a client's tries of its first replica while that one stays down.
@@ -180,7 +185,7 @@ class Replicas:
                         raise
                     log.info("gateway %s unreachable (%s); trying another replica", uri, e)
                     if uri in self.uris:
-                        self._next_after(uri, "refused" in str(e).lower())
+                        self._next_after(uri, refused(e))
                     continue
                 self._answered(uri)
                 return out
