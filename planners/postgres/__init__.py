@@ -55,7 +55,8 @@ from planners.kind import (
 )
 from planners.postgres import numeric
 from planners.postgres.cache import CACHE, cache_key, instant, kept
-from planners.postgres.pool import ADBC
+from planners.postgres.databases import DATABASES, unknown_types
+from planners.postgres.pool import ADBC, Renewed
 from planners.postgres.split import check_type, key_ranges
 from planners.predicates import quote_ident, to_sql
 from planners.predicates.sql import postgres_literal
@@ -158,6 +159,17 @@ def _returning(reader: pa.RecordBatchReader, cur: Any, con: Any, dsn: str) -> pa
                 ADBC.discard(dsn, con)
 
     return pa.RecordBatchReader.from_batches(reader.schema, gen())
+
+
+def _fetched(cur: Any, dsn: str) -> pa.RecordBatchReader:
+    """The result of ``cur``'s query, streamed. A column of a type the connection's driver
+    database did not know (made after it) renews that database, and the read runs again on
+    a connection of the new one (``pool.Renewed``) before anything was read."""
+    reader = cur.fetch_record_batch()
+    if unknown_types(reader.schema) and DATABASES.renew(dsn, cur.connection):
+        reader.close()
+        raise Renewed(dsn)
+    return reader
 
 
 def _as_of(name: str, state: Mapping[str, Any]) -> str | None:
@@ -561,7 +573,7 @@ class PostgresKind(SourceKind):
                 shape = (types, mapping, storage)
                 return self._pinned(request, task, config, shape, at, cur), mapping
             cur.execute(self._select(request, task, config, mapping, types))
-            return _decimals(cur.fetch_record_batch(), mapping, types), mapping
+            return _decimals(_fetched(cur, config.dsn), mapping, types), mapping
 
         (got, mapping), cur, con = _on_pooled(config, src.name, start)
         if isinstance(got, pa.Table):  # nothing left to stream from the server
@@ -604,7 +616,7 @@ class PostgresKind(SourceKind):
                     request, task, config, mapping, types, written + _written(request, task)
                 )
             )
-            fetched = cur.fetch_record_batch()
+            fetched = _fetched(cur, config.dsn)
             since = _decimals(fetched, mapping, types)
             if since.schema.equals(base.rows.schema):
                 CACHE.extended[key] += 1
@@ -612,7 +624,7 @@ class PostgresKind(SourceKind):
             fetched.close()  # typed otherwise than the kept rows: all of them, as below
         CACHE.misses[key] += 1
         cur.execute(self._select(request, task, config, mapping, types))
-        return kept(_decimals(cur.fetch_record_batch(), mapping, types), key, at, as_of)
+        return kept(_decimals(_fetched(cur, config.dsn), mapping, types), key, at, as_of)
 
     # ------------------------------------------------------------------ writing
 

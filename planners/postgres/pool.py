@@ -12,7 +12,9 @@ Connections are in autocommit mode, so an idle one holds no transaction. One idl
 than ``idle_s`` is closed by a sweeper thread rather than reused (servers, poolers and
 firewalls drop idle connections, and an operator dropping a database should not meet the
 gateway's idle sessions for long). A pooled connection the server dropped all the same fails
-its first statement: ``attempt`` then runs the work again on a fresh one.
+its first statement: ``attempt`` then runs the work again on a fresh one. ADBC connections come
+from one driver database per DSN (``databases``); work that meets a type that database did not
+know raises ``Renewed``, and runs again on a connection of a new one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+class Renewed(Exception):
+    """Raised by a pool's work: the connection's view of the server is out of date and was
+    renewed (``databases.Databases.renew``); ``attempt`` runs the work again, once, on a new
+    connection."""
 
 
 def close_quietly(con: Any) -> None:
@@ -131,12 +139,17 @@ class ConnectionPool:
         it runs once more on a fresh one: the server may have dropped the idle one. Errors of
         the ``own`` types are the caller's (the query's answer, not the connection's) and are
         raised at once. A connection whose work failed is closed."""
+        renewed = False
         while True:
             con, fresh = self.take(dsn)
             try:
                 return work(con), con
             except Exception as e:
                 self.discard(dsn, con)
+                if isinstance(e, Renewed) and not renewed:
+                    renewed = True
+                    self.clear(dsn)  # the idle ones share the connection's old view
+                    continue
                 if fresh or isinstance(e, own):
                     raise
                 log.info(
@@ -172,11 +185,14 @@ class ConnectionPool:
                 return len(self._idle.get(dsn, []))
             return sum(len(v) for v in self._idle.values())
 
-    def clear(self) -> None:
-        """Close every idle connection."""
+    def clear(self, dsn: str | None = None) -> None:
+        """Close every idle connection (to ``dsn`` only, if given)."""
         with self._lock:
-            cons = [c for idle in self._idle.values() for _, c in idle]
-            self._idle.clear()
+            if dsn is None:
+                cons = [c for idle in self._idle.values() for _, c in idle]
+                self._idle.clear()
+            else:
+                cons = [c for _, c in self._idle.pop(dsn, [])]
         for c in cons:
             close_quietly(c)
 
@@ -216,9 +232,9 @@ class ConnectionPool:
 
 
 def connect_adbc(dsn: str) -> Any:
-    import adbc_driver_postgresql.dbapi as adbc
+    from planners.postgres.databases import DATABASES
 
-    return adbc.connect(dsn, autocommit=True)
+    return DATABASES.connect(dsn)
 
 
 def connect_psycopg(dsn: str) -> Any:
