@@ -23,6 +23,7 @@ import datetime as dt
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -365,13 +366,32 @@ def _closed_between(cur: Any, config: PostgresConfig, after: str, until: str) ->
     return bool(cur.fetchone()[0])
 
 
+#: ``_travel``'s type for a column a harness string column reads that the driver does not
+#: decode to a value Arrow writes as text faithfully: sent as PostgreSQL's own text.
+AS_TEXT = "(as text)"
+#: Types (``format_type``'s names, modifiers left out) whose decoded values a harness string
+#: column takes as they were (Arrow's cast). The driver sends others as their binary wire
+#: form (inet, tsvector, ranges, points: opaque bytes a cast to string passed on as if they
+#: were text), or as values whose text is not PostgreSQL's (uuid's bytes, money in cents,
+#: intervals, arrays).
+_DECODED = frozenset(
+    {"text", "character varying", "character", "name", '"char"', "json", "jsonb", "boolean",
+     "smallint", "integer", "bigint", "real", "double precision", "numeric", "date",
+     "time without time zone", "timestamp without time zone", "timestamp with time zone",
+     "bytea"}
+)  # fmt: skip
+_MODIFIER = re.compile(r"\(\d+(,\d+)?\)")
+
+
 def _output(name: str, data_type: str) -> str:
     """How a column leaves the server. NUMERIC of a declared precision up to 18 digits is sent
     as its unscaled 64-bit integer, made a decimal again by ``_decimals`` (``numeric``); other
     NUMERIC as text: Postgres formats it, Arrow parses text to decimal in bulk (both exact),
     which is several times faster than the driver decoding NUMERIC's binary form value by
-    value."""
+    value. A column ``_travel`` typed ``AS_TEXT`` as text."""
     q = quote_ident(name)
+    if data_type == AS_TEXT:
+        return f"v.{q}::text AS {q}"
     declared = numeric.unscaled(data_type)
     if declared is not None:
         return numeric.output(f"v.{q}", q, declared[1])
@@ -392,13 +412,20 @@ def _travel(
 ) -> dict[str, str]:
     """``types`` as ``_output`` should see them for a read of ``cols``: a NUMERIC that some
     column other than a decimal reads is written bare, so it travels as text, formatted by
-    Postgres (as a decimal, Arrow would write 0.000000005 as a string its own way: 5E-9)."""
-    other = {
-        mapping[c.name] for c in cols if c.name in mapping and not pa.types.is_decimal(c.arrow_type)
-    }
-    return {
-        c: "numeric" if c in other and t.startswith("numeric(") else t for c, t in types.items()
-    }
+    Postgres (as a decimal, Arrow would write 0.000000005 as a string its own way: 5E-9); a
+    column of a type outside ``_DECODED`` that a string column reads is ``AS_TEXT``."""
+    read = [(mapping[c.name], c.arrow_type) for c in cols if c.name in mapping]
+    other = {p for p, t in read if not pa.types.is_decimal(t)}
+    text = {p for p, t in read if pa.types.is_string(t) or pa.types.is_large_string(t)}
+    out = {}
+    for c, t in types.items():
+        if c in text and _MODIFIER.sub("", t) not in _DECODED:
+            out[c] = AS_TEXT
+        elif c in other and t.startswith("numeric("):
+            out[c] = "numeric"
+        else:
+            out[c] = t
+    return out
 
 
 def _engine_output(name: str, data_type: str) -> str:
