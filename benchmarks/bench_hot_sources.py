@@ -7,8 +7,10 @@
 3. Freshness: time from produce to visible in a gateway read, with a KafkaIngester committing
    every 100 ms — goal p99 <= 1 s.
 4. Small pinned Postgres reads (1,000 rows) from 1 and 8 clients: reads/s through the gateway
-   vs ADBC on a connection each client keeps, running the same SQL; and through the gateway
-   with its connection pool off (``planners.postgres.pool``: every plan and read connects).
+   vs ADBC on a connection each client keeps, running the same SQL; through the gateway with
+   its pinned-rows cache off (``planners.postgres.cache``: every read asks the server); and
+   with the cache and its connection pool off (``planners.postgres.pool``: every read
+   connects).
 """
 
 from __future__ import annotations
@@ -226,6 +228,7 @@ def _postgres_small(client: HarnessClient, location: str, dsn: str, seconds: flo
     import psycopg
 
     from planners.postgres import pool
+    from planners.postgres.cache import CACHE
     from planners.postgres.versioning import enable_versioning, server_now
     from planners.predicates.sql import postgres_literal
 
@@ -272,18 +275,30 @@ def _postgres_small(client: HarnessClient, location: str, dsn: str, seconds: flo
 
     rows = []
     for clients in (1, 8):
-        kept = pool.ADBC.per_dsn, pool.PLANNING.per_dsn
+        cached = CACHE.max_bytes
         try:
             adbc_rate = _rate(direct, clients, seconds)
             gw_rate = _rate(gateway, clients, seconds)
-            pool.ADBC.per_dsn = pool.PLANNING.per_dsn = 0  # every plan and read connects
+            CACHE.max_bytes = 0  # nothing kept: every read asks the server
+            CACHE.clear()
+            uncached = _rate(gateway, clients, seconds)
+            for each in (pool.ADBC, pool.PLANNING):  # connections closed, never given back
+                each.clear()
+                each.give = each.discard  # type: ignore[method-assign]
             unpooled = _rate(gateway, clients, seconds)
         finally:
-            pool.ADBC.per_dsn, pool.PLANNING.per_dsn = kept
+            CACHE.max_bytes = cached
+            for each in (pool.ADBC, pool.PLANNING):
+                each.__dict__.pop("give", None)
             for resource in opened:
                 resource.close()
             opened.clear()
-        for case, rate in (("gateway", gw_rate), ("gateway, pool off", unpooled)):
+        cases = (
+            ("gateway", gw_rate),
+            ("gateway, cache off", uncached),
+            ("gateway, cache and pool off", unpooled),
+        )
+        for case, rate in cases:
             rows.append(
                 {
                     "case": f"Postgres {n:,}-row reads, {clients} clients, {case}",
