@@ -167,9 +167,10 @@ def _fetched(cur: Any, dsn: str) -> pa.RecordBatchReader:
     database did not know (made after it) renews that database, and the read runs again on
     a connection of the new one (``pool.Renewed``) before anything was read."""
     reader = cur.fetch_record_batch()
-    if unknown_types(reader.schema) and DATABASES.renew(dsn, cur.connection):
+    unknown = unknown_types(reader.schema)
+    if unknown and DATABASES.renew(dsn, cur.connection, unknown):
         reader.close()
-        raise Renewed(dsn)
+        raise Renewed("the server's types changed while it was read")
     return reader
 
 
@@ -182,9 +183,10 @@ def _as_of(name: str, state: Mapping[str, Any]) -> str | None:
 
 # The columns information_schema.columns shows (same visibility rule, same order), read from
 # pg_catalog: the ADBC driver plans each query twice (describe, then COPY), and planning the
-# information_schema view took 3.6 ms of a 10 ms small read (pg_catalog: 0.5 ms). Reads only
-# care whether a type is numeric and its precision: numeric (or a domain over it) is written
-# as information_schema writes it; arrays as ARRAY and types outside pg_catalog as
+# information_schema view took 3.6 ms of a 10 ms small read (pg_catalog: 0.5 ms). Reads care
+# whether a type is numeric and its precision, and whether the driver decodes it (``_travel``):
+# numeric (or a domain over it) is written as information_schema writes it; a domain as its
+# base type (the driver sees the base type); arrays as ARRAY and types outside pg_catalog as
 # USER-DEFINED, so that neither numeric(5,1)[] nor a type named numeric_x looks numeric.
 # A numeric whose column in the history table ($2) is typed otherwise is bare numeric: the
 # union of both tables has no declared precision then, and its values may have more decimals
@@ -196,13 +198,15 @@ SELECT a.attname,
                            AND h.atttypid IS NOT NULL THEN 'numeric'
                       ELSE format_type('numeric'::regtype,
                              CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END) END
-            WHEN t.typcategory = 'A' THEN 'ARRAY'
-            WHEN t.typnamespace <> 'pg_catalog'::regnamespace THEN 'USER-DEFINED'
-            ELSE format_type(a.atttypid, a.atttypmod) END,
+            WHEN b.typcategory = 'A' THEN 'ARRAY'
+            WHEN b.typnamespace <> 'pg_catalog'::regnamespace THEN 'USER-DEFINED'
+            ELSE format_type(b.oid,
+                             CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END) END,
        a.attrelid::bigint, pg_relation_filenode(a.attrelid)::bigint
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_type t ON t.oid = a.atttypid
+JOIN pg_type b ON b.oid = coalesce(nullif(t.typbasetype, 0), t.oid)
 LEFT JOIN pg_attribute h
        ON h.attrelid = to_regclass($2) AND h.attname = a.attname AND NOT h.attisdropped
 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
@@ -376,7 +380,7 @@ AS_TEXT = "(as text)"
 #: intervals, arrays).
 _DECODED = frozenset(
     {"text", "character varying", "character", "name", '"char"', "json", "jsonb", "boolean",
-     "smallint", "integer", "bigint", "real", "double precision", "numeric", "date",
+     "bpchar", "smallint", "integer", "bigint", "oid", "real", "double precision", "numeric", "date",
      "time without time zone", "timestamp without time zone", "timestamp with time zone",
      "bytea"}
 )  # fmt: skip
@@ -416,7 +420,8 @@ def _travel(
     column of a type outside ``_DECODED`` that a string column reads is ``AS_TEXT``."""
     read = [(mapping[c.name], c.arrow_type) for c in cols if c.name in mapping]
     other = {p for p, t in read if not pa.types.is_decimal(t)}
-    text = {p for p, t in read if pa.types.is_string(t) or pa.types.is_large_string(t)}
+    text = {p for p, t in read if pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_string_view(t)}  # fmt: skip
     out = {}
     for c, t in types.items():
         if c in text and _MODIFIER.sub("", t) not in _DECODED:

@@ -32,8 +32,12 @@ log = logging.getLogger(__name__)
 
 class Renewed(Exception):
     """Raised by a pool's work: the connection's view of the server is out of date and was
-    renewed (``databases.Databases.renew``); ``attempt`` runs the work again, once, on a new
-    connection."""
+    renewed (``databases.Databases.renew``); ``attempt`` runs the work again on a new
+    connection, ``RENEWALS`` times at most (another read may have renewed it a moment before
+    with a view already too old)."""
+
+
+RENEWALS = 3
 
 
 def close_quietly(con: Any) -> None:
@@ -139,15 +143,15 @@ class ConnectionPool:
         it runs once more on a fresh one: the server may have dropped the idle one. Errors of
         the ``own`` types are the caller's (the query's answer, not the connection's) and are
         raised at once. A connection whose work failed is closed."""
-        renewed = False
+        renewals = 0
         while True:
             con, fresh = self.take(dsn)
             try:
                 return work(con), con
             except Exception as e:
                 self.discard(dsn, con)
-                if isinstance(e, Renewed) and not renewed:
-                    renewed = True
+                if isinstance(e, Renewed) and renewals < RENEWALS:
+                    renewals += 1
                     self.clear(dsn)  # the idle ones share the connection's old view
                     continue
                 if fresh or isinstance(e, own):

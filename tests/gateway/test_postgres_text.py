@@ -27,10 +27,15 @@ TYPES = [
     ("interval", "'1 day 02:03:04'::interval", "'-3 months'::interval"),
     ("integer[]", "ARRAY[1, NULL, 3]", "'{}'::integer[]"),
     ("mood", "'sad'::mood", "'ok'::mood"),  # an enum (USER-DEFINED)
+    ("stamp", "'2020-01-02 03:04:05+00'", "'1999-12-31 23:59:59.5+00'"),  # a domain: as its base
     # decoded by the driver and cast as before: text as it is, char(n) with its padding
     ("text", "'plain'", "''"),
     ("char(4)", "'ab'", "'abcd'"),
+    ("bpchar", "'ab  '", "'abcd'"),
+    ("timestamptz", "'2020-01-02 03:04:05+00'", "'1999-12-31 23:59:59.5+00'"),
 ]
+#: Read as before this change: the driver's decoded value cast by Arrow, not PostgreSQL's text.
+CAST = {"char(4)", "bpchar", "timestamptz", "stamp"}
 
 
 @pytest.fixture
@@ -39,6 +44,10 @@ def mood(pg_dsn: str) -> str:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(
             "DO $$ BEGIN CREATE TYPE mood AS ENUM ('ok', 'sad'); "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        conn.execute(
+            "DO $$ BEGIN CREATE DOMAIN stamp AS timestamptz; "
             "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
         )
     return name
@@ -62,7 +71,15 @@ def test_a_string_column_reads_postgresqls_text(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("SET datestyle = ISO")
         want = conn.execute(f'SELECT id, v::text FROM "{name}" ORDER BY id').fetchall()
-    if pg_type.startswith("char("):  # bpchar::text drops the padding the value keeps
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            want = conn.execute(f'SELECT id, v FROM "{name}" ORDER BY id').fetchall()
+    if pg_type in CAST:  # the base type's value as ADBC decodes it, cast by Arrow
+        import adbc_driver_postgresql.dbapi as adbc
+
+        with adbc.connect(pg_dsn, autocommit=True) as con, con.cursor() as cur:
+            cur.execute(f'SELECT id, v FROM "{name}" ORDER BY id')
+            table = cur.fetch_arrow_table()
+        want = list(
+            zip(
+                table.column(0).to_pylist(), table.column(1).cast("string").to_pylist(), strict=True
+            )
+        )
     assert list(zip(*(c.to_pylist() for c in got.columns), strict=True)) == want
