@@ -9,6 +9,17 @@ from typing import Any
 from flight_gateway.catalog.schema import Schema
 from flight_gateway.protocol.errors import InvalidArgument, NotFound
 
+#: What a new source and a state update may say: a misspelt ``expect_state_version`` must not
+#: commit without its check.
+_SPEC_KEYS = frozenset({"name", "kind", "config", "partition", "state"})
+_UPDATE_KEYS = frozenset({"source", "state", "expect_state_version"})
+
+
+def _known(d: Mapping[str, Any], keys: frozenset[str], what: str) -> None:
+    unknown = sorted(str(k) for k in d if k not in keys)
+    if unknown:
+        raise InvalidArgument(f"{what}: unknown key(s) {unknown} (known: {sorted(keys)})")
+
 
 @dataclass(frozen=True)
 class SourceSpec:
@@ -24,6 +35,7 @@ class SourceSpec:
     def from_json(cls, d: Mapping[str, Any]) -> SourceSpec:
         if not isinstance(d, Mapping) or not d.get("name") or not d.get("kind"):
             raise InvalidArgument(f"a source needs at least 'name' and 'kind': {d!r}")
+        _known(d, _SPEC_KEYS, f"source {d['name']!r}")
         for key in ("config", "partition", "state"):
             if not isinstance(d.get(key, {}), Mapping):
                 raise InvalidArgument(f"source {d['name']!r}: {key} must be an object")
@@ -48,6 +60,7 @@ class SourceUpdate:
     def from_json(cls, d: Mapping[str, Any]) -> SourceUpdate:
         if not isinstance(d, Mapping) or "source" not in d or "state" not in d:
             raise InvalidArgument(f"an update needs 'source' and 'state': {d!r}")
+        _known(d, _UPDATE_KEYS, f"update of {d['source']!r}")
         if not isinstance(d["state"], Mapping):
             raise InvalidArgument(f"update of {d['source']!r}: state must be an object")
         esv = d.get("expect_state_version")

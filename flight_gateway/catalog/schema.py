@@ -76,7 +76,14 @@ class Schema:
 def _check_name(name: object, what: str) -> str:
     if not isinstance(name, str) or not name or name != name.strip():
         raise InvalidArgument(f"{what} must be a non-empty name without outer spaces, got {name!r}")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):  # NUL: no SQL engine reads it back
+        raise InvalidArgument(f"{what} must not hold control characters, got {name!r}")
     return name
+
+
+#: What a field of a new table's schema may say ("id", as ``describe`` shows it: ids are
+#: given here); anything else is a typo that would have been ignored.
+_FIELD_KEYS = frozenset({"name", "type", "nullable", "id"})
 
 
 def new_schema(specs: Iterable[Mapping[str, Any]]) -> Schema:
@@ -92,7 +99,13 @@ def new_schema(specs: Iterable[Mapping[str, Any]]) -> Schema:
         seen.add(name)
         if "type" not in spec:
             raise InvalidArgument(f"schema field {name!r} has no type")
-        fields.append(Field(i, name, canonical(spec["type"]), bool(spec.get("nullable", True))))
+        unknown = sorted(str(k) for k in spec if k not in _FIELD_KEYS)
+        if unknown:
+            raise InvalidArgument(f"schema field {name!r}: unknown key(s) {unknown}")
+        nullable = spec.get("nullable", True)
+        if not isinstance(nullable, bool):
+            raise InvalidArgument(f"schema field {name!r}: 'nullable' must be true or false")
+        fields.append(Field(i, name, canonical(spec["type"]), nullable))
     if not fields:
         raise InvalidArgument("a table schema needs at least one column")
     return Schema(0, tuple(fields))

@@ -60,8 +60,8 @@ def check_ttl(ttl_s: object) -> float:
 
 
 def check_positive_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**63 - 1:
+        raise InvalidArgument(f"{what} must be a positive integer below 2**63, got {value!r}")
     return value
 
 

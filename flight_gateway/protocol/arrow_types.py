@@ -88,8 +88,24 @@ def parse_type(text: str) -> pa.DataType:
 
 
 def canonical(text: str) -> str:
-    """The canonical spelling of a type string (``str`` of the parsed pyarrow type)."""
-    return str(parse_type(text))
+    """The canonical spelling of a type string (``str`` of the parsed pyarrow type), for a
+    new column: its time zones must be ones Arrow knows (a filter on a timestamp of an unknown
+    zone fails every read)."""
+    t = parse_type(text)
+    _check_zones(t, text)
+    return str(t)
+
+
+def _check_zones(t: pa.DataType, text: str) -> None:
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        import pyarrow.compute as pc
+
+        try:
+            pc.hour(pa.array([0], t))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise InvalidArgument(f"type {text!r}: unknown time zone {t.tz!r}") from e
+    for i in range(t.num_fields):
+        _check_zones(t.field(i).type, text)
 
 
 # Safe widenings (no value can be lost). Decimal widening is handled separately.

@@ -22,17 +22,35 @@ def decode_json(body: bytes | str, what: str) -> dict[str, Any]:
         value = json.loads(text) if text else {}
     except (UnicodeDecodeError, ValueError) as e:
         raise InvalidArgument(f"{what} is not valid UTF-8 JSON: {e}") from e
+    if "\\u" in text:  # an escaped lone surrogate decodes to a str no UTF-8 can hold
+        _encodable(value, what)
     if not isinstance(value, dict):
         raise InvalidArgument(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def _encodable(value: Any, what: str) -> None:
+    """InvalidArgument when ``value`` holds a lone UTF-16 surrogate (JSON ``"\\ud800"``): a
+    table, column or owner so named could never be written to the catalog, a log, a
+    Flight message or PostgreSQL."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"{what} holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is no character"
+        ) from None
+
+
+#: The largest integer a version, a limit or an offset may be (a signed 64-bit column).
+MAX_INT64 = 2**63 - 1
 
 
 def _opt_int(d: Mapping[str, Any], key: str, minimum: int = 0) -> int | None:
     v = d.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise InvalidArgument(f"{key!r} must be an integer >= {minimum}, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_INT64:
+        raise InvalidArgument(f"{key!r} must be an integer >= {minimum} and < 2**63, got {v!r}")
     return v
 
 
@@ -40,8 +58,13 @@ def parse_timestamp(value: Any, key: str) -> float | None:
     """Epoch seconds from a number or an RFC 3339 string."""
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past float's range
+            seconds = math.inf
+        if math.isfinite(seconds):
+            return seconds
     if isinstance(value, str):
         import datetime as dt
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.protocol.errors import InvalidArgument, Unavailable
+from flight_gateway.protocol.errors import InvalidArgument, NotFound, Unavailable
 from planners.common import to_physical
 from planners.kind import Additive
 from planners.postgres import PostgresConfig
@@ -98,7 +98,12 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
                     _LOGGED.discard(config.dsn)  # the retry on a fresh connection makes it
                 raise
             if done is None:
-                write(conn)
+                try:
+                    write(conn)
+                except psycopg.errors.UndefinedTable:  # the caller's source names no table
+                    raise NotFound(
+                        f"source {source!r}: table {config.qualified()} does not exist"
+                    ) from None
                 conn.execute(
                     "INSERT INTO harness_doput_log (commit_id, source) VALUES (%s, %s)",
                     (entry, source),
@@ -106,7 +111,9 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
         return server_now(conn)  # after the rows committed
 
     try:
-        return PLANNING.run(config.dsn, work, own=(InvalidArgument, psycopg.errors.DataError))
+        return PLANNING.run(
+            config.dsn, work, own=(InvalidArgument, NotFound, psycopg.errors.DataError)
+        )
     except psycopg.OperationalError as e:  # the server, not the caller: UNAVAILABLE, retried
         raise Unavailable(f"source {source!r}: PostgreSQL unavailable: {e}") from None
 

@@ -128,9 +128,10 @@ class Locks:
         wait_s: float,
         lock_id: str | None = None,
     ) -> LockAsk:
-        wanted = sorted(set(as_list(source_names, "sources")))
-        if not wanted or not all(isinstance(s, str) and s for s in wanted):
+        names = as_list(source_names, "sources")
+        if not names or not all(isinstance(s, str) and s for s in names):
             raise InvalidArgument("lock needs a non-empty list of source names")
+        wanted = sorted(set(names))
         ttl = check_ttl(ttl_s)
         if not is_number(wait_s) or not 0 <= wait_s <= self._max_wait_s:
             raise InvalidArgument(f"wait_s must be in [0, {self._max_wait_s:g}], got {wait_s!r}")

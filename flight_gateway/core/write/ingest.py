@@ -38,7 +38,12 @@ from flight_gateway.core.write.lease import leased
 from flight_gateway.core.write.merge import last_per_key, mode, with_ops
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.arrow_types import parse_type
-from flight_gateway.protocol.errors import InvalidArgument, LockExpired, ResourceExhausted
+from flight_gateway.protocol.errors import (
+    Cancelled,
+    InvalidArgument,
+    LockExpired,
+    ResourceExhausted,
+)
 from planners.kind import Appendable, AppendContext, AppendsMany, Merges, PreparesAppends
 from planners.predicates import coerce
 from planners.registry import get_kind
@@ -50,6 +55,9 @@ MAX_GROUP = 8
 
 def _validate(snap: TableSnapshot, data: pa.Table) -> pa.Table:
     fields = {f.name: f for f in snap.schema.fields}
+    twice = sorted({c for c in data.column_names if data.column_names.count(c) > 1})
+    if twice:
+        raise InvalidArgument(f"uploaded column(s) {twice} appear more than once")
     unknown = [c for c in data.column_names if c not in fields]
     if unknown:
         raise InvalidArgument(
@@ -172,6 +180,14 @@ def _decoded(reader: Any) -> Iterator[pa.RecordBatch]:
             yield aligned(chunk.data)
 
 
+def check_whole(cut: Callable[[], bool] | None) -> None:
+    """CANCELLED when the upload's stream was cut (``cut``: the call's ``is_cancelled``):
+    pyarrow's reader ends a stream whose client went away as if it had ended, so the rows
+    read may be a part of the upload, which must not be committed."""
+    if cut is not None and cut():
+        raise Cancelled("the upload's stream was cut before it ended: nothing was written")
+
+
 def read_upload(reader: Any, max_bytes: int) -> pa.Table:
     """The uploaded batches, refused (RESOURCE_EXHAUSTED) as soon as their decoded size exceeds
     ``max_bytes``. Each batch is checked right after pyarrow decoded it, before the next one is
@@ -189,12 +205,25 @@ def read_upload(reader: Any, max_bytes: int) -> pa.Table:
     return pa.Table.from_batches(batches, schema=reader.schema)
 
 
+#: What a DoPut descriptor may carry (a misspelt ``mode`` must not append instead of merge).
+_COMMAND_FIELDS = frozenset({"table", "commit_id", "source", "mode"})
+#: The longest commit id the catalog keeps (checked before anything is written).
+MAX_COMMIT_ID = 256
+
+
 def _command(command: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    unknown = sorted(str(k) for k in command if k not in _COMMAND_FIELDS)
+    if unknown:
+        raise InvalidArgument(
+            f"DoPut descriptor: unknown field(s) {unknown} (known: {sorted(_COMMAND_FIELDS)})"
+        )
     table, commit_id, source = command.get("table"), command.get("commit_id"), command.get("source")
     if not isinstance(table, str) or not table:
         raise InvalidArgument("DoPut descriptor needs 'table'")
     if not isinstance(commit_id, str) or not commit_id:
         raise InvalidArgument("DoPut descriptor needs 'commit_id' (it makes retries safe)")
+    if len(commit_id) > MAX_COMMIT_ID:
+        raise InvalidArgument(f"DoPut 'commit_id' must be at most {MAX_COMMIT_ID} characters")
     if source is not None and not isinstance(source, str):
         raise InvalidArgument("'source' must be a source name")
     return table, commit_id, source
@@ -464,8 +493,14 @@ _GROUPS: GroupCommitter[_Upload, dict[str, Any]] = GroupCommitter(
 
 
 def do_put(
-    gw: Gateway, who: Principal, command: Mapping[str, Any], data: pa.Table
+    gw: Gateway,
+    who: Principal,
+    command: Mapping[str, Any],
+    data: pa.Table,
+    cut: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
+    """Validate, route, write and commit one upload. ``cut``: whether the upload's stream was
+    cut (``check_whole``), asked again just before the commit."""
     table, commit_id, source = authorize(who, command)
     with tracing.span("describe", table=table):
         latest, done = gw.snapshots.latest_unless_done(table, [commit_id])
@@ -475,6 +510,8 @@ def do_put(
     merge = mode(command) == "merge"
     with tracing.span("validate", table=table, rows=data.num_rows):
         rows = with_ops(snap, data, _validate) if merge else _validate(snap, data)
+        if not rows.num_rows:  # a version with nothing in it, and a file of no rows
+            raise InvalidArgument("nothing to write: the upload has no rows")
         parts = route(snap, rows, source)
     if not parts:
         raise InvalidArgument("nothing to write: the upload has no rows")
@@ -488,6 +525,7 @@ def do_put(
         gw, table, commit_id, parts, rows.num_rows, merge, {n: p for n, (_, p) in prepared.items()}
     )
     try:
+        check_whole(cut)
         outcome = _GROUPS.submit(upload.key, upload)
     finally:
         # What no commit used: this DoPut failed, or a retry found its rows.

@@ -4,6 +4,7 @@ releasing someone else's lock needs admin on the table. A lock's owner is record
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from flight_gateway.core import metrics
@@ -21,9 +22,20 @@ def _number(body: dict[str, Any], key: str, default: float) -> float:
     value = body.get(key, default)
     if value is None:
         return default
+    return seconds(value, key)
+
+
+def seconds(value: object, key: str) -> float:
+    """``value`` as a finite number of seconds; anything else is InvalidArgument."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgument(f"{key!r} must be a number of seconds, got {value!r}")
-    return float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an int past float's range
+        out = math.inf
+    if not math.isfinite(out):
+        raise InvalidArgument(f"{key!r} must be a finite number of seconds, got {value!r}")
+    return out
 
 
 def lock(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:

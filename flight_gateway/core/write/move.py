@@ -48,6 +48,7 @@ from flight_gateway.core.read.shape import resolve
 from flight_gateway.core.sources import bind, guard, scan_request
 from flight_gateway.core.write.ingest import discard_prepared
 from flight_gateway.core.write.lease import leased
+from flight_gateway.core.write.locks import seconds
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.errors import Conflict, InvalidArgument
 from planners.common import filesystem
@@ -143,7 +144,7 @@ def move(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
     snap = cat.describe(table)
     fresh = _new_move(snap, body)
     read_state = _read_state(gw, table, fresh.hot, body)
-    wait_s = float(body.get("wait_s", 120))
+    wait_s = seconds(body.get("wait_s", 120), "wait_s")
     early = _read_early(gw, snap, fresh, body)
     ahead = _new_move(snap, body, early[1]) if early is not None else None
     prepared = _prepare_cold(gw, snap, ahead, early[2]) if ahead and early else None

@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from pyarrow.fs import FileType
+
 from flight_gateway.catalog import TableSnapshot
 from flight_gateway.core.auth import Principal
 from flight_gateway.core.context import Gateway
@@ -154,6 +156,21 @@ def _rewrite(
     return kind.adopt_files(ref, paths, replace=True, commit_id=commit_id, relocation=True)
 
 
+def _check_written(paths: list[str]) -> None:
+    """INVALID_ARGUMENT unless every one of ``paths`` is a file: a commit adopting a name the
+    engine never wrote would make every read of the new version fail."""
+    if not paths:
+        return
+    fs, _ = filesystem(paths[0])
+    infos = fs.get_file_info([filesystem(p)[1] for p in paths])
+    missing = [p for p, info in zip(paths, infos, strict=True) if info.type != FileType.File]
+    if missing:
+        raise InvalidArgument(
+            f"{len(missing)} file(s) of the write do not exist (e.g. {missing[0]!r}): "
+            "nothing was committed"
+        )
+
+
 def _adopt(
     gw: Gateway, table: str, source: str, write_id: str, body: Mapping[str, Any], lock_id: str
 ) -> int:
@@ -168,6 +185,7 @@ def _adopt(
     outside = [p for p in paths if not p.startswith(location) or ".." in p]
     if outside:
         raise InvalidArgument(f"files {outside[:3]} are not in this write's location")
+    _check_written(paths)
     commit_id = f"spark-write:{write_id}"
     read_version, only = _read_version(body), _replaces(body)
     if read_version is not None:

@@ -29,9 +29,19 @@ log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: The longest error message sent. A message repeats what the caller sent (a table name, an
+#: owner, a value); gRPC carries it percent-encoded in a trailer of at most 16 KiB, and past
+#: that the client gets RESOURCE_EXHAUSTED instead of the error's own status.
+MAX_MESSAGE = 2000
+
+
 def _clean(text: str) -> str:
-    """No secret value and no file content in anything sent to a caller."""
-    return without_content(scrub(text))
+    """No secret value and no file content in anything sent to a caller; at most
+    ``MAX_MESSAGE`` characters."""
+    text = without_content(scrub(text))
+    if len(text) > MAX_MESSAGE:
+        text = f"{text[:MAX_MESSAGE]}... ({len(text)} characters in all)"
+    return text
 
 
 def _wire(e: HarnessError) -> Exception:
@@ -53,7 +63,7 @@ def _on_the_wire(method: str, e: BaseException) -> BaseException:
     if isinstance(e, RecursionError):  # deeply nested JSON or filters: the caller's doing
         return _wire(InvalidArgument("request is nested too deeply"))
     log.error("%s failed", method, exc_info=e)
-    return fl.FlightInternalError(f"internal error: {type(e).__name__}: {scrub(str(e))}")
+    return fl.FlightInternalError(f"internal error: {type(e).__name__}: {_clean(str(e))}")
 
 
 def flight_errors(fn: F) -> F:

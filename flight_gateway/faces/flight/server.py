@@ -209,6 +209,8 @@ class FlightFace(fl.FlightServerBase):
         if action.type == "harness.public_key":  # no table, no secret: anyone authenticated
             key = json.dumps({"public_key": self.core.reads.direct.public_key}).encode()
             return iter([fl.Result(key)])
+        if action.type not in HANDLERS:  # UNIMPLEMENTED whatever its body holds
+            raise NotImplementedError(f"unknown action {action.type!r}")
         body = actions.decode(action.type, decode_json(raw, f"body of {action.type}"))
         result = HANDLERS[action.type](self.core.gw, principal, body)
         return iter([fl.Result(json.dumps(result).encode())])
@@ -239,5 +241,8 @@ class FlightFace(fl.FlightServerBase):
         with uploads.hold(principal.name), ingest.memory_is_exhaustion("DoPut"):
             # Validated and routed whole, before anything is written; bounded in decoded size.
             data = ingest.read_upload(reader, self.core.gw.limits.max_upload_bytes)
-            result = ingest.do_put(self.core.gw, principal, command, data)
+            # A stream cut by the client (its process gone, its deadline passed) ends like a
+            # finished one for the reader: asked here and again before the commit.
+            ingest.check_whole(context.is_cancelled)
+            result = ingest.do_put(self.core.gw, principal, command, data, cut=context.is_cancelled)
         writer.write(pa.py_buffer(json.dumps(result).encode()))

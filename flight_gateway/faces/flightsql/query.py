@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,7 +37,7 @@ import sqlglot
 from sqlglot import exp
 
 from flight_gateway.protocol.errors import InvalidArgument, NotFound
-from flight_gateway.protocol.messages import parse_timestamp
+from flight_gateway.protocol.messages import MAX_INT64, parse_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -206,11 +207,27 @@ def bind_parameters(tree: exp.Query, params: Sequence[Any]) -> exp.Query:
 
 
 def literal(value: Any) -> dict[str, str]:
-    """A bound parameter as the SQL literal of its type (kept in sealed handles as JSON)."""
+    """A bound parameter as the SQL literal of its type (kept in sealed handles as JSON).
+    A float that is infinite or NaN is a typed literal: sqlglot writes ``inf`` (a column
+    name to DuckDB) and NaN as NULL."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"sql": f"'{value!r}'::DOUBLE"}  # 'inf', '-inf', 'nan': DuckDB reads all three
+    if _non_finite_inside(value):
+        raise InvalidArgument("cannot bind an infinite or NaN float inside a list or struct")
     try:
         return {"sql": exp.convert(value).sql(DIALECT)}
     except ValueError as e:
         raise InvalidArgument(f"cannot bind a parameter of type {type(value).__name__}") from e
+
+
+def _non_finite_inside(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite_inside(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_non_finite_inside(v) for v in value)
+    return False
 
 
 def _cte_names(tree: Any) -> set[str]:
@@ -292,6 +309,10 @@ def _pin(ref: TableRef, version: exp.Expression | None) -> None:
             ref.version = int(literal)
         except ValueError as e:
             raise InvalidArgument(f"FOR VERSION AS OF needs an integer, got {literal!r}") from e
+        if not 0 <= ref.version <= MAX_INT64:
+            raise InvalidArgument(
+                f"FOR VERSION AS OF needs a version from 0 to 2**63 - 1, got {literal}"
+            )
     else:
         ref.as_of = parse_timestamp(literal, "FOR TIMESTAMP AS OF")
 

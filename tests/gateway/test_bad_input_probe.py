@@ -1,0 +1,287 @@
+"""Bad input found by probing the Flight face (2026-12-05): each case failed before its fix
+(a cut upload committed, INTERNAL for a caller's mistake, a typo silently ignored, a wrong
+answer), and each now gets the right status and commits nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import duckdb
+import psycopg
+import pyarrow as pa
+import pyarrow.flight as fl
+import pyarrow.parquet as pq
+import pytest
+
+from clients import HarnessClient
+from flight_gateway.protocol.errors import InvalidArgument, NotFound
+from flight_gateway.protocol.flight_errors import from_flight_error
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def table(client: HarnessClient, tmp_path: Path) -> Path:
+    """Table ``t`` (100 rows of ``i``, ``x``) in one files source ``f``; returns its root."""
+    root = tmp_path / "data"
+    root.mkdir()
+    data = pa.table({"i": pa.array(range(100), pa.int64()), "x": [n / 3 for n in range(100)]})
+    pq.write_table(data, root / "a.parquet")
+    client.create_table("t", [{"name": "i", "type": "int64"}, {"name": "x", "type": "double"}])
+    client.add_source("t", "f", "files", config={"root": str(root)}, state={"files": ["a.parquet"]})
+    return root
+
+
+def _raw(client: HarnessClient) -> fl.FlightClient:
+    return fl.FlightClient(client.uri)
+
+
+def _action(raw: fl.FlightClient, name: str, body: str | bytes) -> list[bytes]:
+    data = body.encode() if isinstance(body, str) else body
+    return [r.body.to_pybytes() for r in raw.do_action(fl.Action(name, data))]
+
+
+def _typed(fn) -> Exception:  # type: ignore[no-untyped-def]
+    """The typed harness error ``fn`` raised through raw pyarrow.flight."""
+    with pytest.raises(Exception) as info:
+        fn()
+    return from_flight_error(info.value)
+
+
+def _put(raw: fl.FlightClient, command: dict, data: pa.Table) -> bytes:
+    writer, reply = raw.do_put(fl.FlightDescriptor.for_command(json.dumps(command)), data.schema)
+    writer.write_table(data)
+    writer.done_writing()
+    buf = reply.read()
+    writer.close()
+    return buf.to_pybytes() if buf is not None else b""
+
+
+def test_an_upload_cut_midway_commits_nothing(client: HarnessClient, table: Path) -> None:
+    """A client gone after 3,000 of its 5,000 rows (no end of stream): pyarrow's reader ends
+    such a stream as if it were whole; the gateway checks the call was not cut."""
+    before = client.describe("t").version
+    child = textwrap.dedent(f"""
+        import json, os, time
+        import pyarrow as pa, pyarrow.flight as fl
+        c = fl.FlightClient({client.uri!r})
+        t = pa.table({{"i": pa.array(range(5000), pa.int64())}})
+        d = fl.FlightDescriptor.for_command(json.dumps({{"table": "t", "commit_id": "cut-1"}}))
+        w, r = c.do_put(d, t.schema)
+        for b in t.to_batches(max_chunksize=1000)[:3]:
+            w.write_batch(b)
+        time.sleep(0.3)
+        os._exit(1)
+    """)
+    subprocess.run([sys.executable, "-c", child], check=False, timeout=60)
+    time.sleep(1.0)  # the gateway's handler ends after the child's connection closed
+    assert client.describe("t").version == before
+    assert client.read("t").num_rows == 100
+    out = client.put("t", pa.table({"i": pa.array([7], pa.int64())}), commit_id="cut-1")
+    assert out["applied"] is True  # the commit id was never used: the retry applies
+
+
+def test_an_upload_past_its_deadline_commits_nothing(client: HarnessClient, table: Path) -> None:
+    raw = _raw(client)
+    before = client.describe("t").version
+    data = pa.table({"i": pa.array(range(1000), pa.int64())})
+    command = {"table": "t", "commit_id": "late-1"}
+    options = fl.FlightCallOptions(timeout=0.5)
+    writer, _ = raw.do_put(
+        fl.FlightDescriptor.for_command(json.dumps(command)), data.schema, options
+    )
+    writer.write_table(data)
+    time.sleep(1.0)  # past the deadline, before the end of the stream
+    with pytest.raises((fl.FlightError, pa.ArrowException)):
+        writer.done_writing()
+        writer.close()
+    time.sleep(0.5)
+    assert client.describe("t").version == before
+    assert client.read("t").num_rows == 100
+
+
+@pytest.mark.parametrize(
+    "command, data, message",
+    [
+        ({"commit_id": "x" * 300}, None, "at most 256"),
+        ({}, pa.table({"i": pa.array([], pa.int64())}), "no rows"),
+        ({"mdoe": "merge"}, None, "unknown field"),
+        ({}, pa.table([pa.array([1], pa.int64())] * 2, names=["i", "i"]), "more than once"),
+    ],
+)
+def test_bad_uploads_write_no_file_and_no_version(
+    client: HarnessClient, table: Path, command: dict, data: pa.Table | None, message: str
+) -> None:
+    raw = _raw(client)
+    files = sorted(p.name for p in table.iterdir())
+    before = client.describe("t").version
+    full = {"table": "t", "commit_id": uuid.uuid4().hex, **command}
+    rows = data if data is not None else pa.table({"i": pa.array([1], pa.int64())})
+    error = _typed(lambda: _put(raw, full, rows))
+    assert isinstance(error, InvalidArgument) and message in str(error)
+    assert client.describe("t").version == before
+    assert sorted(p.name for p in table.iterdir()) == files
+
+
+def test_a_lone_surrogate_is_invalid_and_listing_still_works(
+    client: HarnessClient, table: Path
+) -> None:
+    raw = _raw(client)
+    body = '{"table": "u", "schema": [{"name": "\\ud800", "type": "int64"}]}'
+    error = _typed(lambda: _action(raw, "harness.create_table", body))
+    assert isinstance(error, InvalidArgument) and "surrogate" in str(error)
+    read = '{"table": "t", "filter": "x = \'\\udc00\'"}'
+    error = _typed(lambda: raw.get_flight_info(fl.FlightDescriptor.for_command(read)))
+    assert isinstance(error, InvalidArgument)
+    assert [f.descriptor.path for f in raw.list_flights()] == [[b"t"]]
+    # a pair of escapes is one character, and a fine name
+    pair = '{"table": "u", "schema": [{"name": "\\ud83d\\ude00", "type": "int64"}]}'
+    _action(raw, "harness.create_table", pair)
+    assert client.describe("u").schema[0].name == "\U0001f600"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda raw: raw.get_flight_info(
+            fl.FlightDescriptor.for_command(json.dumps({"table": "t", "version": 2**63}))
+        ),
+        lambda raw: raw.get_flight_info(
+            fl.FlightDescriptor.for_command(json.dumps({"table": "t", "as_of": 10**400}))
+        ),
+        lambda raw: _action(raw, "harness.history", json.dumps({"table": "t", "limit": 2**63})),
+        lambda raw: _action(
+            raw, "harness.lock", json.dumps({"table": "t", "sources": ["f"], "ttl_s": 10**400})
+        ),
+        lambda raw: _action(
+            raw, "harness.lock", json.dumps({"table": "t", "sources": [["f"]], "ttl_s": 5})
+        ),
+        lambda raw: _action(
+            raw,
+            "harness.move",
+            json.dumps({"table": "t", "hot": "f", "cold": "f", "wait_s": 10**400}),
+        ),
+    ],
+)
+def test_numbers_out_of_range_and_odd_lists_are_invalid(
+    client: HarnessClient, table: Path, call
+) -> None:  # type: ignore[no-untyped-def]
+    error = _typed(lambda: call(_raw(client)))
+    assert isinstance(error, InvalidArgument), error
+    assert len(str(error)) < 2100
+
+
+def test_a_version_past_int64_in_sql_is_invalid(client: HarnessClient, table: Path) -> None:
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    with (
+        flightsql.connect(client.uri, autocommit=True) as conn,
+        conn.cursor() as cur,
+        pytest.raises(Exception, match=r"INVALID_ARGUMENT.*2\*\*63"),
+    ):
+        cur.execute("SELECT count(*) FROM t FOR VERSION AS OF 99999999999999999999")
+
+
+def test_commit_write_of_a_file_never_written_commits_nothing(
+    client: HarnessClient, table: Path
+) -> None:
+    raw = _raw(client)
+    begun = json.loads(_action(raw, "harness.begin_write", json.dumps({"table": "t"}))[0])
+    before = client.describe("t").version
+    body = {"table": "t", "write_id": begun["write_id"],
+            "paths": [begun["location"].rstrip("/") + "/typo.parquet"]}  # fmt: skip
+    error = _typed(lambda: _action(raw, "harness.commit_write", json.dumps(body)))
+    assert isinstance(error, InvalidArgument) and "do not exist" in str(error)
+    assert client.describe("t").version == before
+    assert client.read("t").num_rows == 100
+
+
+@pytest.mark.parametrize(
+    "field, message",
+    [
+        ({"name": "a", "type": "int64", "nulable": False}, "unknown key"),
+        ({"name": "a", "type": "int64", "nullable": "no"}, "true or false"),
+        ({"name": "a", "type": "timestamp[us, tz=Nowhere/Land]"}, "unknown time zone"),
+        ({"name": "a\x00b", "type": "int64"}, "control characters"),
+    ],
+)
+def test_a_schema_field_with_a_typo_or_a_bad_type_is_invalid(
+    client: HarnessClient, field: dict, message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        client.create_table("bad", [field])
+    assert "bad" not in client.list_tables()
+
+
+def test_a_misspelt_update_key_is_invalid(client: HarnessClient, table: Path) -> None:
+    before = client.describe("t").version
+    update = {"source": "f", "state": {"files": ["a.parquet"]}, "expect_state_verison": 99}
+    with pytest.raises(InvalidArgument, match="unknown key"):
+        client.commit("t", updates=[update])
+    assert client.describe("t").version == before
+
+
+def test_a_long_name_keeps_its_status(client: HarnessClient, table: Path) -> None:
+    """A message repeating a 20,000-character name outgrew gRPC's trailer limit: the client
+    saw RESOURCE_EXHAUSTED instead of NOT_FOUND."""
+    with pytest.raises(NotFound, match="characters in all"):
+        client.read("x" * 20_000)
+
+
+def test_an_unknown_action_is_unimplemented_whatever_its_body(client: HarnessClient) -> None:
+    raw = _raw(client)
+    for body in (b"\x08\x01\x12\x00", b"{}"):
+        with pytest.raises(pa.ArrowNotImplementedError, match="unknown action"):
+            _action(raw, "BeginTransaction", body)
+
+
+def test_infinite_and_nan_parameters_bind_as_duckdb_reads_them(
+    client: HarnessClient, tmp_path: Path
+) -> None:
+    """``inf`` was bound as a column name and NaN as NULL; the answers are DuckDB's on the
+    same file (a column named ``inf`` shows the parameter is no column)."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    root = tmp_path / "w"
+    root.mkdir()
+    path = root / "w.parquet"
+    pq.write_table(pa.table({"x": [1.0, float("nan"), 5.0, float("-inf")],
+                             "inf": [0.0] * 4}), path)  # fmt: skip
+    client.create_table("w", [{"name": "x", "type": "double"}, {"name": "inf", "type": "double"}])
+    client.add_source("w", "f", "files", config={"root": str(root)}, state={"files": [path.name]})
+    oracle = duckdb.connect()
+    cases = [
+        ("x < ?", float("inf"), "'inf'::DOUBLE"),
+        ("x > ?", float("-inf"), "'-inf'::DOUBLE"),
+        ("x = ?", float("nan"), "'nan'::DOUBLE"),
+        ("? IS NULL", float("nan"), "'nan'::DOUBLE"),
+    ]
+    with flightsql.connect(client.uri, autocommit=True) as conn, conn.cursor() as cur:
+        for where, value, as_sql in cases:
+            cur.execute(f"SELECT count(*) FROM w WHERE {where}", (value,))
+            got = cur.fetchall()
+            expected = oracle.execute(
+                f"SELECT count(*) FROM '{path}' WHERE {where.replace('?', as_sql)}"
+            ).fetchall()
+            assert got == expected, (where, value)
+
+
+def test_an_upload_into_a_missing_postgres_table_is_not_found(
+    client: HarnessClient, pg_dsn: str
+) -> None:
+    name = f"missing_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        as_of = conn.execute("SELECT now()").fetchone()[0].isoformat()
+    client.create_table("pg", [{"name": "id", "type": "int64"}])
+    client.add_source("pg", "p", "postgres", config={"dsn": pg_dsn, "table": name},
+                      state={"as_of": as_of})  # fmt: skip
+    before = client.describe("pg").version
+    with pytest.raises(NotFound, match="does not exist"):
+        client.put("pg", pa.table({"id": pa.array([1], pa.int64())}), commit_id="d")
+    assert client.describe("pg").version == before
