@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from flight_gateway.protocol.errors import Unavailable
 from planners.kind import ColumnSpec, ScanRequest, SourceRef
 
 DATA = "data"
@@ -140,6 +141,8 @@ def parquet_footer(fs: pafs.FileSystem, path: str) -> tuple[int, int, pa.Schema]
     import pyarrow.parquet as pq
 
     info = fs.get_file_info(path)
+    if info.type != pafs.FileType.File:  # removed after its commit, or no regular file
+        raise Unavailable(f"file {path!r} of the pinned state is missing or not a file")
     key = (path, int(info.size or 0), int(info.mtime_ns or 0))
     with _footers_lock:
         if key in _footers:

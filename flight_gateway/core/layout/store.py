@@ -178,6 +178,12 @@ class SliceStore:
             return
         sweep()
         used = self.used_bytes()
+        if adding > self.budget_bytes:  # no sweep makes room: a retry fails the same way
+            raise ResourceExhausted(
+                f"a slice of {adding / 2**20:.1f} MB or more does not fit the slice store's "
+                f"budget of {self.budget_bytes / 2**20:.1f} MB: raise "
+                "iceberg_rest.disk_budget_mb"
+            )
         if used + adding > self.budget_bytes:
             raise ResourceExhausted(
                 f"the slice store is full ({used / 2**20:.0f} MB of its "

@@ -245,7 +245,7 @@ class Layouts:
         store's ``where`` directory, each renamed into place whole; within the budget."""
         directory = self.store.directory(table_id, where)
         files: list[StoredFile] = []
-        writer, tmp, rows = None, None, 0
+        writer, tmp, rows, closed = None, None, 0, 0
         made: list[tuple[Any, Any, int]] = []
         try:
             # The next batches read while one is written, two of the source's tasks at once.
@@ -260,9 +260,15 @@ class Layouts:
                     )
                 writer.write_batch(_fit(batch, schema), row_group_size=ROW_GROUP_ROWS)
                 rows += batch.num_rows
-                if tmp is not None and tmp.stat().st_size >= FILE_BYTES:
+                assert tmp is not None
+                written = tmp.stat().st_size
+                # Within the budget as it is written, not only once whole: a source larger
+                # than the store would fill the disk first (each batch is one row group).
+                self.store.check_budget(closed + written, self.sweep)
+                if written >= FILE_BYTES:
                     writer.close()
                     made.append((tmp, writer, rows))
+                    closed += tmp.stat().st_size
                     writer, tmp = None, None
             if writer is not None:
                 writer.close()

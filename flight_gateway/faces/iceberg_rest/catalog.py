@@ -27,14 +27,18 @@ from flight_gateway.core.secrets import scrub
 from flight_gateway.core.slots import Slots
 from flight_gateway.faces.iceberg_rest.metadata import MetadataWriter
 from flight_gateway.protocol.errors import (
+    Cancelled,
     HarnessError,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    TimedOut,
     Unauthenticated,
     Unauthorized,
+    Unavailable,
     without_content,
 )
+from flight_gateway.protocol.messages import MAX_INT64
 
 log = logging.getLogger(__name__)
 NAMESPACE = "harness"
@@ -69,6 +73,8 @@ def error_body(e: BaseException) -> tuple[int, dict[str, Any]]:
         err = RestError(404, "NoSuchTableException", str(e))
     elif isinstance(e, ResourceExhausted):
         err = RestError(503, "SlowDownException", str(e))
+    elif isinstance(e, Unavailable | TimedOut | Cancelled):  # the gateway's side, not the caller's
+        err = RestError(503, "ServiceUnavailableException", str(e))
     elif isinstance(e, HarnessError):
         err = RestError(400, "BadRequestException", str(e))
     else:
@@ -109,6 +115,14 @@ class RestCatalog:
 
     def answer(self, req: Request) -> tuple[int, dict[str, Any] | None]:
         """(HTTP status, JSON body) of one request."""
+        if req.path.rstrip("/").endswith("/oauth/tokens"):
+            # The spec's OAuth error shape (a client asking for a token with a credential
+            # parses this one, not the error model): this catalog takes bearer tokens only.
+            return 400, {
+                "error": "unsupported_grant_type",
+                "error_description": "this catalog issues no tokens: send the gateway's bearer "
+                "token (pyiceberg: token=...)",
+            }
         try:
             who = self.principal(req)
             if req.method not in ("GET", "HEAD"):
@@ -131,7 +145,7 @@ class RestCatalog:
         if parts == ["config"]:
             return {"defaults": {}, "overrides": {}, "endpoints": ENDPOINTS}
         if parts == ["namespaces"]:
-            return {"namespaces": [[NAMESPACE]]}
+            return {"namespaces": _children(req.query)}
         if len(parts) < 2 or parts[0] != "namespaces" or parts[1] != NAMESPACE:
             if len(parts) >= 2 and parts[0] == "namespaces":
                 raise RestError(404, "NoSuchNamespaceException", f"no namespace {parts[1]!r}")
@@ -158,6 +172,8 @@ class RestCatalog:
             if head.table_id != snap.table_id:
                 raise NotFound(f"table {table!r} was dropped while it was being loaded")
             kept = range(head.min_version, head.current_version + 1)
+            if snap.version not in kept:
+                raise NotFound(f"version {snap.version} of {table!r} expired while it was loaded")
             location = f"file://{self.store.root}/t{snap.table_id}"
             metadata, metadata_location = self.writer.metadata(layout, kept, location)
             self.store.pin(snap.table_id, snap.version)  # engines read the files after this
@@ -187,6 +203,17 @@ def _version(query: Mapping[str, list[str]]) -> int | None:
         version = int(raw)
     except ValueError:
         raise InvalidArgument(f"version must be an integer, not {raw[:40]!r}") from None
-    if version < 0:
-        raise InvalidArgument("version must not be negative")
+    if not 0 <= version <= MAX_INT64:
+        raise InvalidArgument("version must be from 0 to 2**63 - 1")
     return version
+
+
+def _children(query: Mapping[str, list[str]]) -> list[list[str]]:
+    """The namespaces under ``?parent=`` (parts joined by 0x1F): the one namespace at the top,
+    nothing below it (a client walking the tree stops), NOT_FOUND under any other."""
+    given = query.get("parent")
+    if not given or not given[0]:
+        return [[NAMESPACE]]
+    if given[0].split("\x1f") == [NAMESPACE]:
+        return []
+    raise RestError(404, "NoSuchNamespaceException", f"no namespace {given[0][:80]!r}")
