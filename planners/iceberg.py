@@ -202,7 +202,7 @@ def load_table(config: Mapping[str, Any], guard: Guard = ALLOW_ALL) -> Any:
     """The pyiceberg table of a (resolved) source config; catalogs are opened once. With a
     gateway's guard every file pyiceberg opens is checked first (``planners.iceberg_io``)."""
     from pyiceberg.catalog import load_catalog
-    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.exceptions import NoSuchTableError, RESTError
 
     from planners import iceberg_io, iceberg_tx
 
@@ -225,6 +225,10 @@ def load_table(config: Mapping[str, Any], guard: Guard = ALLOW_ALL) -> Any:
         table = cat.load_table(cfg.identifier)
     except NoSuchTableError as e:
         raise NotFound(f"Iceberg table {cfg.identifier!r} does not exist") from e
+    except (RESTError, OSError) as e:  # the catalog's server failed or refused, not the caller
+        raise Unavailable(
+            f"Iceberg catalog of table {cfg.identifier!r}: {type(e).__name__}: {e}"
+        ) from e
     if guard.key:
         _check_table_io(table, guard)
     return table

@@ -84,6 +84,10 @@ class RestSettings:
     max_concurrent_loads: int = 4
     #: Requests being answered at once; more are answered 503 at once.
     max_requests: int = 64
+    #: Requests of one principal answered at once; more are answered 503 at once. Table
+    #: loads run on 16 threads: a principal whose loads wait on a slow source (or on a source
+    #: that points back at this face, each level a load of its own) holds at most this many.
+    max_requests_per_principal: int = 8
     #: Connections open at once; more are closed as they arrive.
     max_connections: int = 1024
     #: A request's headers must arrive within this; an idle keep-alive connection closes after it.
@@ -107,7 +111,8 @@ class RestSettings:
         except TypeError as e:
             raise ConfigError(f"iceberg_rest: {e}") from None
         for name in ("disk_budget_mb", "history", "max_loads_per_principal",
-                     "max_concurrent_loads", "max_requests", "max_connections"):  # fmt: skip
+                     "max_concurrent_loads", "max_requests", "max_requests_per_principal",
+                     "max_connections"):  # fmt: skip
             value = getattr(out, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"iceberg_rest.{name} must be a positive integer")

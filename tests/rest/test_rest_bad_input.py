@@ -134,3 +134,50 @@ def test_a_version_expired_while_it_loads_is_not_served(tmp_path: Path, monkeypa
         assert status == 404, body
         assert "expired" in body["error"]["message"]
         admin.close()
+
+
+def test_a_source_pointing_back_at_the_face_ends_and_others_are_answered(
+    tmp_path: Path,
+) -> None:
+    """A table admin adds to table ``x`` an Iceberg source read through this face's own
+    ``harness.x``: each load of ``x`` loads ``x`` again, a thread each. It hung the face for
+    everyone; now the loop ends when the principal has ``max_requests_per_principal`` loads
+    in progress (503), and another caller's requests are answered meanwhile."""
+    import threading
+    import time
+
+    reader = "reader-token-0123456789"
+    tokens = {**TOKENS, reader: {"name": "reader", "read": ["t"]}}
+    with running_gateway(
+        f"sqlite:///{tmp_path / 'c.db'}",
+        tokens=tokens,
+        allow_anonymous=False,
+        reach={"any": True},
+        iceberg_rest_port=0,
+        iceberg_rest_dir=str(tmp_path / "rest"),
+    ) as (server, _):
+        admin = client_for(server, ADMIN)
+        _table(admin, tmp_path / "f", name="x")
+        base = f"http://127.0.0.1:{server.rest.port}"
+        status, body = get(f"{base}/v1/namespaces/harness/tables/x", ADMIN)
+        assert status == 200, body
+        snapshot = body["metadata"]["current-snapshot-id"]
+        catalog = {"type": "rest", "uri": base, "token": ADMIN}
+        admin.add_source("x", "self", "iceberg", config={"catalog": catalog,
+                         "identifier": "harness.x"}, state={"snapshot_id": snapshot})  # fmt: skip
+        answers: list[tuple[int, Any]] = []
+        loop = threading.Thread(
+            target=lambda: answers.append(get(f"{base}/v1/namespaces/harness/tables/x", ADMIN))
+        )
+        started = time.monotonic()
+        loop.start()
+        time.sleep(0.5)
+        assert get(f"{base}/v1/config", reader)[0] == 200  # answered while the loop runs
+        loop.join(120)
+        assert not loop.is_alive(), "the load of x never ended"
+        status, body = answers[0]
+        assert status in (400, 503), body
+        assert time.monotonic() - started < 60
+        status, _ = get(f"{base}/v1/namespaces/harness/tables/t", reader)
+        assert status == 404  # the face still answers (t does not exist here)
+        admin.close()

@@ -101,10 +101,14 @@ class RestCatalog:
         layouts: Layouts,
         writer: MetadataWriter,
         loads: Slots,
+        answering: Slots | None = None,
     ) -> None:
         self.reads, self.tokens, self.layouts, self.writer, self.loads = (
             reads, tokens, layouts, writer, loads,
         )  # fmt: skip
+        #: Requests of each principal being answered (``max_requests_per_principal``).
+        self.answering = answering or Slots(8, "iceberg_rest.max_requests_per_principal",
+                                            what="requests being answered")  # fmt: skip
         self.store: SliceStore = layouts.store
         self._layouts: OrderedDict[tuple[int, int], VersionLayout] = OrderedDict()
         self._lock = threading.Lock()
@@ -131,7 +135,8 @@ class RestCatalog:
                     "ForbiddenException",
                     "this catalog is read-only: write through the gateway's DoPut and DoAction",
                 )
-            body = self.route(req, who)
+            with self.answering.hold(who.name):
+                body = self.route(req, who)
             return (204, None) if req.method == "HEAD" else (200, body)
         except Exception as e:  # every failure becomes an error response
             return error_body(e)

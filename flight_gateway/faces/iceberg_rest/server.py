@@ -55,8 +55,8 @@ def tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
 
 
 def _application(
-    rest: RestCatalog, pool: ThreadPoolExecutor, settings: RestSettings,
-    settings_tls: ssl.SSLContext | None,
+    rest: RestCatalog, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor],
+    settings: RestSettings, settings_tls: ssl.SSLContext | None,
 ) -> Any:  # fmt: skip
     import tornado.web
 
@@ -83,6 +83,7 @@ def _application(
                     self._peer(),
                 )
                 loop = asyncio.get_running_loop()
+                pool = pools[0] if is_load(req.path) else pools[1]
                 self._send(*await loop.run_in_executor(pool, rest.answer, req))
             finally:
                 in_flight[0] -= 1
@@ -125,6 +126,13 @@ def _application(
     return tornado.web.Application([(r"/.*", Handler)], log_function=_access)
 
 
+def is_load(path: str) -> bool:
+    """Whether ``path`` is a table's (``.../tables/{table}``): a load, which may wait on its
+    sources; every other route is answered from the catalog alone."""
+    parts = [p for p in path.split("/") if p]
+    return len(parts) >= 2 and parts[-2] == "tables"
+
+
 def _access(handler: Any) -> None:
     log.debug("iceberg rest: %s %s %d", handler.request.method, handler.request.path,
               handler.get_status())  # fmt: skip
@@ -141,6 +149,9 @@ class RestServer:
         self.pool = ThreadPoolExecutor(
             max_workers=min(settings.max_requests, 16), thread_name_prefix="iceberg-rest"
         )
+        # Everything but a table's load (config, namespaces, table lists) is answered from
+        # the catalog alone, on threads of its own: never behind loads waiting on sources.
+        self.quick = ThreadPoolExecutor(max_workers=2, thread_name_prefix="iceberg-rest-quick")
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._error: BaseException | None = None
@@ -173,7 +184,7 @@ class RestServer:
 
         try:
             server = Bounded(
-                _application(self.rest, self.pool, self.settings, self.tls),
+                _application(self.rest, (self.pool, self.quick), self.settings, self.tls),
                 ssl_options=self.tls,
                 idle_connection_timeout=self.settings.header_timeout_s,
                 body_timeout=self.settings.header_timeout_s,
@@ -208,6 +219,7 @@ class RestServer:
             loop.call_soon_threadsafe(loop.stop)
         self.thread.join(10)
         self.pool.shutdown(wait=False, cancel_futures=True)  # the store is the core's
+        self.quick.shutdown(wait=False, cancel_futures=True)
 
 
 def mount(core: Any, config: GatewayConfig) -> RestServer:
@@ -218,8 +230,13 @@ def mount(core: Any, config: GatewayConfig) -> RestServer:
     loads = Slots(settings.max_loads_per_principal, "iceberg_rest.max_loads_per_principal",
                   settings.max_concurrent_loads, "iceberg_rest.max_concurrent_loads",
                   what="loads making slices")  # fmt: skip
+    answering = Slots(
+        settings.max_requests_per_principal,
+        "iceberg_rest.max_requests_per_principal",
+        what="requests being answered",
+    )
     rest = RestCatalog(core.reads, config.token_store, layouts,
-                       MetadataWriter(store, settings.history), loads)  # fmt: skip
+                       MetadataWriter(store, settings.history), loads, answering)  # fmt: skip
     server = RestServer(rest, settings, config.host, config.iceberg_rest_port or 0,
                         tls_context(config))  # fmt: skip
     scheme = "https" if config.tls_cert else "http"
