@@ -34,7 +34,11 @@ class Admin(Transport):
         Pass the same ``commit_id`` when retrying after an error: it never writes twice.
         ``merge``: rows upsert by the table's primary key, or delete it where a ``_op`` column
         says ``'delete'``; the last operation per key in the upload wins."""
-        cmd: dict[str, Any] = {"table": table, "commit_id": commit_id or uuid.uuid4().hex}
+        cmd: dict[str, Any] = {
+            "table": table,
+            "commit_id": commit_id or uuid.uuid4().hex,
+            "rows": data.num_rows,  # the gateway commits nothing unless all of them arrived
+        }
         if source is not None:
             cmd["source"] = source
         if merge:

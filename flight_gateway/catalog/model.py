@@ -64,8 +64,12 @@ class SourceUpdate:
         if not isinstance(d["state"], Mapping):
             raise InvalidArgument(f"update of {d['source']!r}: state must be an object")
         esv = d.get("expect_state_version")
-        if esv is not None and (isinstance(esv, bool) or not isinstance(esv, int)):
-            raise InvalidArgument(f"update of {d['source']!r}: expect_state_version must be int")
+        if esv is not None and (
+            isinstance(esv, bool) or not isinstance(esv, int) or not 0 <= esv < 2**63
+        ):
+            raise InvalidArgument(
+                f"update of {d['source']!r}: expect_state_version must be an int >= 0 and < 2**63"
+            )
         return cls(str(d["source"]), dict(d["state"]), esv)
 
 

@@ -6,6 +6,7 @@ so readers match renamed columns by id and sources lacking a field yield nulls f
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -76,14 +77,15 @@ class Schema:
 def _check_name(name: object, what: str) -> str:
     if not isinstance(name, str) or not name or name != name.strip():
         raise InvalidArgument(f"{what} must be a non-empty name without outer spaces, got {name!r}")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):  # NUL: no SQL engine reads it back
+    if any(unicodedata.category(c) == "Cc" for c in name):  # NUL: no SQL engine reads it back
         raise InvalidArgument(f"{what} must not hold control characters, got {name!r}")
     return name
 
 
-#: What a field of a new table's schema may say ("id", as ``describe`` shows it: ids are
-#: given here); anything else is a typo that would have been ignored.
-_FIELD_KEYS = frozenset({"name", "type", "nullable", "id"})
+#: What a field of a new table's schema may say ("id" and "aliases", as ``describe`` shows
+#: them, are ignored: ids are given here, a new table has no former names); anything else
+#: is a typo that would have been ignored.
+_FIELD_KEYS = frozenset({"name", "type", "nullable", "id", "aliases"})
 
 
 def new_schema(specs: Iterable[Mapping[str, Any]]) -> Schema:

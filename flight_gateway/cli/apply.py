@@ -162,19 +162,29 @@ def _source(node: Any, where: str, problems: Problems) -> dict[str, Any]:
 
 
 def _column(node: Any, where: str, problems: Problems) -> dict[str, Any]:
-    from flight_gateway.protocol.arrow_types import parse_type
+    """A column checked as the gateway checks it (``canonical`` types, time zones included;
+    names without control characters), so that a file is refused whole, never half applied."""
+    import unicodedata
+
+    from flight_gateway.protocol.arrow_types import canonical
 
     col = _check_keys(node, where, ("name", "type"), ("nullable",), problems)
     if col is None:
         return {}
+    name = col.get("name")
     _typed(col, "name", where, str, problems)
+    if isinstance(name, str) and any(unicodedata.category(c) == "Cc" for c in name):
+        problems.add(col, "name", where, "a column name holds no control character")
     _typed(col, "nullable", where, bool, problems)
     if _typed(col, "type", where, str, problems) and col.get("type") is not None:
         try:
-            parse_type(col["type"])
+            canonical(col["type"])
         except (InvalidArgument, ValueError, TypeError) as e:
             problems.add(col, "type", where, f"not a column type: {e}")
-    return dict(_strip(col))
+    out = dict(_strip(col))
+    if out.get("nullable", False) is None:  # left empty in the file: the default
+        del out["nullable"]
+    return out
 
 
 def _columns_exist(

@@ -68,6 +68,8 @@ class Action:
                 kinds = " or ".join(_JSON_NAMES.get(t, t.__name__) for t in f.types)
                 got = _JSON_NAMES.get(type(value), type(value).__name__)
                 raise InvalidArgument(f"{self.name}: {f.name} must be {kinds}, got {got}")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+                raise InvalidArgument(f"{self.name}: {f.name} must be below 2**63 in size")
         return dict(body)
 
 
@@ -140,5 +142,5 @@ IDEMPOTENT: frozenset[str] = frozenset(a.name for a in TABLE if a.idempotent)
 def decode(name: str, body: Mapping[str, Any]) -> dict[str, Any]:
     action = BY_NAME.get(name)
     if action is None:
-        raise NotImplementedError(f"unknown action {name!r}")
+        raise NotImplementedError(f"unknown action {name[:100]!r}")
     return action.decode(body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -68,6 +69,17 @@ def _prepare(conn: Any, config: PostgresConfig) -> None:
             _LOGGED.add(config.dsn)
 
 
+def _missing(e: Exception, config: PostgresConfig, source: str) -> Exception:
+    """NOT_FOUND when the relation missing is the source's table (its config names none);
+    UNAVAILABLE for another (the history table, a trigger's): the server's set-up, not the
+    caller."""
+    m = re.search(r'relation "([^"]+)" does not exist', str(e))
+    name = m.group(1).rsplit(".", 1)[-1] if m else None
+    if name == config.table:
+        return NotFound(f"source {source!r}: table {config.qualified()} does not exist")
+    return Unavailable(f"source {source!r}: PostgreSQL: {str(e).splitlines()[0]}")
+
+
 def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[Any], None]) -> str:
     """Run ``write(conn)`` and log ``commit_id`` in one transaction unless the log has it
     already (a retry writes nothing), then return the server clock as the next ``as_of`` (the
@@ -100,10 +112,8 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
             if done is None:
                 try:
                     write(conn)
-                except psycopg.errors.UndefinedTable:  # the caller's source names no table
-                    raise NotFound(
-                        f"source {source!r}: table {config.qualified()} does not exist"
-                    ) from None
+                except psycopg.errors.UndefinedTable as e:
+                    raise _missing(e, config, source) from None
                 conn.execute(
                     "INSERT INTO harness_doput_log (commit_id, source) VALUES (%s, %s)",
                     (entry, source),
@@ -112,7 +122,7 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
 
     try:
         return PLANNING.run(
-            config.dsn, work, own=(InvalidArgument, NotFound, psycopg.errors.DataError)
+            config.dsn, work, own=(InvalidArgument, NotFound, Unavailable, psycopg.errors.DataError)
         )
     except psycopg.OperationalError as e:  # the server, not the caller: UNAVAILABLE, retried
         raise Unavailable(f"source {source!r}: PostgreSQL unavailable: {e}") from None

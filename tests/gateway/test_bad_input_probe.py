@@ -227,11 +227,59 @@ def test_a_misspelt_update_key_is_invalid(client: HarnessClient, table: Path) ->
     assert client.describe("t").version == before
 
 
-def test_a_long_name_keeps_its_status(client: HarnessClient, table: Path) -> None:
-    """A message repeating a 20,000-character name outgrew gRPC's trailer limit: the client
-    saw RESOURCE_EXHAUSTED instead of NOT_FOUND."""
+@pytest.mark.parametrize("name", ["x" * 20_000, "表" * 800, "\U0001f600" * 20_000])
+def test_a_long_name_keeps_its_status(client: HarnessClient, table: Path, name: str) -> None:
+    """A message repeating a long name outgrew gRPC's trailer limit (percent-encoded: a
+    non-ASCII byte takes three): the client saw RESOURCE_EXHAUSTED instead of NOT_FOUND."""
     with pytest.raises(NotFound, match="characters in all"):
-        client.read("x" * 20_000)
+        client.read(name)
+
+
+def test_a_long_unknown_action_keeps_its_status(client: HarnessClient) -> None:
+    with pytest.raises(pa.ArrowNotImplementedError, match="unknown action"):
+        _action(_raw(client), "x" * 20_000, b"{}")
+
+
+def test_an_upload_closed_early_by_its_client_commits_nothing(
+    client: HarnessClient, table: Path
+) -> None:
+    """A client whose own code failed while writing closes its stream normally (no cut the
+    gateway could see): the row count its descriptor declares tells (the Python client
+    always sends it)."""
+    raw = _raw(client)
+    before = client.describe("t").version
+    data = pa.table({"i": pa.array(range(5000), pa.int64())})
+    command = {"table": "t", "commit_id": "early-1", "rows": data.num_rows}
+    writer, _ = raw.do_put(fl.FlightDescriptor.for_command(json.dumps(command)), data.schema)
+    for batch in data.to_batches(max_chunksize=1000)[:3]:
+        writer.write_batch(batch)
+    with pytest.raises(pa.ArrowInvalid, match="declares 5000"):
+        writer.close()  # no done_writing: the stream ends as if whole
+    assert client.describe("t").version == before
+    out = client.put("t", data, commit_id="early-1")
+    assert out["applied"] is True and client.read("t").num_rows == 5100
+
+
+def test_a_schema_copied_from_describe_creates_a_table(client: HarnessClient, table: Path) -> None:
+    """``describe``'s fields carry ``id`` and, after a rename, ``aliases``: both are taken and
+    ignored by ``create_table``."""
+    client.evolve_schema("t", [{"op": "rename_column", "name": "x", "new_name": "y"}])
+    raw = _raw(client)
+    fields = json.loads(_action(raw, "harness.describe", json.dumps({"table": "t"}))[0])["schema"]
+    assert any("aliases" in f for f in fields)
+    _action(raw, "harness.create_table", json.dumps({"table": "t2", "schema": fields}))
+    assert [f.name for f in client.describe("t2").schema] == ["i", "y"]
+
+
+def test_commit_write_refuses_a_query_string_in_a_path(client: HarnessClient, table: Path) -> None:
+    """A path with a query string could point a file system at any endpoint before the
+    source's allow-lists ran; no such path is ever a file the write made."""
+    raw = _raw(client)
+    begun = json.loads(_action(raw, "harness.begin_write", json.dumps({"table": "t"}))[0])
+    path = begun["location"].rstrip("/") + "/x.parquet?endpoint_override=127.0.0.1:9"
+    body = {"table": "t", "write_id": begun["write_id"], "paths": [path]}
+    error = _typed(lambda: _action(raw, "harness.commit_write", json.dumps(body)))
+    assert isinstance(error, InvalidArgument) and "not in this write's location" in str(error)
 
 
 def test_an_unknown_action_is_unimplemented_whatever_its_body(client: HarnessClient) -> None:

@@ -98,18 +98,31 @@ def test_a_client_asking_for_a_token_gets_an_oauth_error_it_can_read(tmp_path: P
         assert "SECRETPW" not in str(raised.value)
 
 
-def test_a_slice_past_the_budget_is_refused_before_it_fills_the_disk(tmp_path: Path) -> None:
+def test_a_slice_past_the_budget_is_refused_before_it_fills_the_disk(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     """A 1 MB budget and a CSV source of ~20 MB (sliced): refused as soon as the slice being
-    written passes the budget, with a message saying it cannot fit; nothing is left."""
+    written passes the budget (the largest size it was checked at is the budget and a row
+    group, not the whole slice), with a message saying it cannot fit; nothing is left."""
     with _gateway(tmp_path, disk_budget_mb=1) as (server, _):
         admin = client_for(server, ADMIN)
         _table(admin, tmp_path / "f", fmt="csv", rows=1_500_000)
+        store = server.rest.rest.store
+        checked: list[int] = []
+        check = store.check_budget
+
+        def recorded(adding: int, *args: Any) -> None:
+            checked.append(adding)
+            check(adding, *args)
+
+        monkeypatch.setattr(store, "check_budget", recorded)
         status, body = get(f"http://127.0.0.1:{server.rest.port}/v1/namespaces/harness/tables/t",
                            ADMIN)  # fmt: skip
         assert status == 503, body
         assert "does not fit" in body["error"]["message"]
-        left = sum(p.stat().st_size for p in (tmp_path / "rest").rglob("*") if p.is_file())
-        assert left < 2 << 20, left
+        assert 0 < max(checked) < 4 << 20, checked  # the whole slice is ~17 MB
+        left = sum(p.stat().st_size for p in (tmp_path / "rest").rglob("*.parquet"))
+        assert left == 0, left
         admin.close()
 
 
@@ -122,17 +135,28 @@ def test_a_version_expired_while_it_loads_is_not_served(tmp_path: Path, monkeypa
         catalog = server.rest.rest
         layout = catalog._layout
 
+        churn = [True]  # commits to make, each expiring the version being loaded
+
         def slow_layout(snap: Any, who: Any) -> Any:
             out = layout(snap, who)
-            admin.commit("t", properties={"touched": True})
-            admin.expire_versions("t", keep_last=1)
+            if churn:
+                churn.pop()
+                admin.commit("t", properties={"touched": True})
+                admin.expire_versions("t", keep_last=1)
             return out
 
         monkeypatch.setattr(catalog, "_layout", slow_layout)
-        url = f"http://127.0.0.1:{server.rest.port}/v1/namespaces/harness/tables/t?version=1"
-        status, body = get(url, ADMIN)
+        url = f"http://127.0.0.1:{server.rest.port}/v1/namespaces/harness/tables/t"
+        status, body = get(f"{url}?version=1", ADMIN)
         assert status == 404, body
         assert "expired" in body["error"]["message"]
+        # The latest version, expired the same way while it loads: the new latest is loaded
+        # (a table that exists is never 404 to Spark or Trino).
+        latest = admin.describe("t").version
+        churn.append(True)
+        status, body = get(url, ADMIN)
+        assert status == 200, body
+        assert body["metadata"]["current-snapshot-id"] & 0xFFFFFFFF == latest + 1
         admin.close()
 
 

@@ -81,6 +81,7 @@ class SliceStore:
         # Uses already recorded: a repeated load of a version writes (and syncs) nothing.
         self._recorded: set[tuple[int, int, str]] = set()
         self._holds: dict[tuple[int, int], int] = {}
+        self._writing: dict[int, int] = {}  # id of a write in progress -> its bytes so far
         self._remove_partials()
 
     # ------------------------------------------------------------------ files
@@ -171,25 +172,43 @@ class SliceStore:
 
     # ------------------------------------------------------------------ budget
 
-    def check_budget(self, adding: int, sweep: Callable[[], Any]) -> None:
+    def check_budget(
+        self, adding: int, sweep: Callable[[], Any], writer: object | None = None
+    ) -> None:
         """RESOURCE_EXHAUSTED when ``adding`` more bytes would pass the budget even after a
-        sweep of what no kept version uses."""
-        if self.budget_bytes is None or self.used_bytes() + adding <= self.budget_bytes:
+        sweep of what no kept version uses, counting what other writes have on disk so far.
+        ``writer``: a write in progress whose ``adding`` bytes so far are then counted for the
+        others until ``done_writing``."""
+        budget = self.budget_bytes
+        if budget is None:
             return
-        sweep()
-        used = self.used_bytes()
-        if adding > self.budget_bytes:  # no sweep makes room: a retry fails the same way
+        if adding > budget:  # no sweep makes room: a retry fails the same way
             raise ResourceExhausted(
                 f"a slice of {adding / 2**20:.1f} MB or more does not fit the slice store's "
-                f"budget of {self.budget_bytes / 2**20:.1f} MB: raise "
-                "iceberg_rest.disk_budget_mb"
+                f"budget of {budget / 2**20:.1f} MB: raise iceberg_rest.disk_budget_mb"
             )
-        if used + adding > self.budget_bytes:
-            raise ResourceExhausted(
-                f"the slice store is full ({used / 2**20:.0f} MB of its "
-                f"{self.budget_bytes / 2**20:.0f} MB budget in use by kept versions): try "
-                "again after older versions expire, or raise iceberg_rest.disk_budget_mb"
-            )
+        if self.used_bytes() + self._others(writer) + adding > budget:
+            sweep()
+            used, others = self.used_bytes(), self._others(writer)
+            if used + others + adding > budget:
+                raise ResourceExhausted(
+                    f"the slice store is full ({used / 2**20:.0f} MB of its "
+                    f"{budget / 2**20:.0f} MB budget in use by kept versions, "
+                    f"{others / 2**20:.0f} MB being written): try again after older versions "
+                    "expire, or raise iceberg_rest.disk_budget_mb"
+                )
+        if writer is not None:
+            with self._lock:
+                self._writing[id(writer)] = adding
+
+    def _others(self, writer: object | None) -> int:
+        with self._lock:
+            return sum(n for k, n in self._writing.items() if k != id(writer))
+
+    def done_writing(self, writer: object) -> None:
+        """``writer``'s bytes are no more in progress (published, or removed)."""
+        with self._lock:
+            self._writing.pop(id(writer), None)
 
     # ------------------------------------------------------------------ pins
 

@@ -247,6 +247,7 @@ class Layouts:
         files: list[StoredFile] = []
         writer, tmp, rows, closed = None, None, 0, 0
         made: list[tuple[Any, Any, int]] = []
+        token = object()  # this write's bytes so far, counted for the store's other writes
         try:
             # The next batches read while one is written, two of the source's tasks at once.
             for batch in prefetched(readers, SLICE_READS):
@@ -264,7 +265,7 @@ class Layouts:
                 written = tmp.stat().st_size
                 # Within the budget as it is written, not only once whole: a source larger
                 # than the store would fill the disk first (each batch is one row group).
-                self.store.check_budget(closed + written, self.sweep)
+                self.store.check_budget(closed + written, self.sweep, token)
                 if written >= FILE_BYTES:
                     writer.close()
                     made.append((tmp, writer, rows))
@@ -275,13 +276,14 @@ class Layouts:
                 made.append((tmp, writer, rows))
                 writer, tmp = None, None
             size = sum(t.stat().st_size for t, _, _ in made)
-            self.store.check_budget(size, self.sweep)
+            self.store.check_budget(size, self.sweep, token)
             for i, (t, _, n) in enumerate(made):
                 final = directory / f"{key[:40]}-{i}.parquet"
                 self.store.publish(t, final)
                 files.append(StoredFile(str(final), final.stat().st_size, n))
             return files
         finally:
+            self.store.done_writing(token)
             if writer is not None:
                 writer.close()
             for t in [tmp, *(m[0] for m in made)]:

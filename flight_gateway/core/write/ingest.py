@@ -18,6 +18,7 @@ batch declares, so one batch is not bounded before allocation.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -53,11 +54,14 @@ log = logging.getLogger(__name__)
 MAX_GROUP = 8
 
 
-def _validate(snap: TableSnapshot, data: pa.Table) -> pa.Table:
-    fields = {f.name: f for f in snap.schema.fields}
+def _distinct_columns(data: pa.Table) -> None:
     twice = sorted({c for c in data.column_names if data.column_names.count(c) > 1})
     if twice:
         raise InvalidArgument(f"uploaded column(s) {twice} appear more than once")
+
+
+def _validate(snap: TableSnapshot, data: pa.Table) -> pa.Table:
+    fields = {f.name: f for f in snap.schema.fields}
     unknown = [c for c in data.column_names if c not in fields]
     if unknown:
         raise InvalidArgument(
@@ -206,7 +210,7 @@ def read_upload(reader: Any, max_bytes: int) -> pa.Table:
 
 
 #: What a DoPut descriptor may carry (a misspelt ``mode`` must not append instead of merge).
-_COMMAND_FIELDS = frozenset({"table", "commit_id", "source", "mode"})
+_COMMAND_FIELDS = frozenset({"table", "commit_id", "source", "mode", "rows"})
 #: The longest commit id the catalog keeps (checked before anything is written).
 MAX_COMMIT_ID = 256
 
@@ -224,9 +228,22 @@ def _command(command: Mapping[str, Any]) -> tuple[str, str, str | None]:
         raise InvalidArgument("DoPut descriptor needs 'commit_id' (it makes retries safe)")
     if len(commit_id) > MAX_COMMIT_ID:
         raise InvalidArgument(f"DoPut 'commit_id' must be at most {MAX_COMMIT_ID} characters")
+    rows = command.get("rows")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+        raise InvalidArgument("DoPut 'rows' must be the number of rows the upload sends")
     if source is not None and not isinstance(source, str):
         raise InvalidArgument("'source' must be a source name")
     return table, commit_id, source
+
+
+def _intent_id(commit_id: str, source: str) -> str:
+    """The commit id of an upload's intent for ``source``: ``<commit_id>:intent:<source>``,
+    or a digest of it when that passes the catalog's 256 characters (a long commit id, a long
+    source name); the same for every try of the upload."""
+    plain = f"{commit_id}:intent:{source}"
+    if len(plain) <= MAX_COMMIT_ID:
+        return plain
+    return "intent:" + hashlib.sha256(plain.encode()).hexdigest()
 
 
 class _Appender:
@@ -249,7 +266,7 @@ class _Appender:
         def record(intent: Mapping[str, Any]) -> None:
             self.catalog.commit(
                 self.table,
-                f"{self.commit_id}:intent:{source}",
+                _intent_id(self.commit_id, source),
                 lock_id=self.lock_id,
                 external_state={key: {"commit_id": self.commit_id, "intent": dict(intent)}},
                 summary={ops.OPERATION: ops.DOPUT_INTENT},
@@ -502,6 +519,14 @@ def do_put(
     """Validate, route, write and commit one upload. ``cut``: whether the upload's stream was
     cut (``check_whole``), asked again just before the commit."""
     table, commit_id, source = authorize(who, command)
+    declared = command.get("rows")
+    if declared is not None and declared != data.num_rows:
+        # A client that closed its stream early without an error (its own code failed while
+        # writing) sends a normal end: only the count it declared tells.
+        raise InvalidArgument(
+            f"the upload sent {data.num_rows} rows but its descriptor declares {declared}: "
+            "nothing was written"
+        )
     with tracing.span("describe", table=table):
         latest, done = gw.snapshots.latest_unless_done(table, [commit_id])
     if latest is None:
@@ -509,6 +534,7 @@ def do_put(
     snap = latest
     merge = mode(command) == "merge"
     with tracing.span("validate", table=table, rows=data.num_rows):
+        _distinct_columns(data)  # before ``with_ops`` takes its ``_op`` column by name
         rows = with_ops(snap, data, _validate) if merge else _validate(snap, data)
         if not rows.num_rows:  # a version with nothing in it, and a file of no rows
             raise InvalidArgument("nothing to write: the upload has no rows")

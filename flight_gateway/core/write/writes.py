@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
-
-from pyarrow.fs import FileType
+from urllib.parse import unquote, urlsplit
 
 from flight_gateway.catalog import TableSnapshot
 from flight_gateway.core.auth import Principal
@@ -157,18 +157,27 @@ def _rewrite(
 
 
 def _check_written(paths: list[str]) -> None:
-    """INVALID_ARGUMENT unless every one of ``paths`` is a file: a commit adopting a name the
-    engine never wrote would make every read of the new version fail."""
-    if not paths:
-        return
-    fs, _ = filesystem(paths[0])
-    infos = fs.get_file_info([filesystem(p)[1] for p in paths])
-    missing = [p for p, info in zip(paths, infos, strict=True) if info.type != FileType.File]
+    """INVALID_ARGUMENT unless every one of ``paths`` that is a local file exists: a commit
+    adopting a name the engine never wrote would make every read of the new version fail.
+    Files in object stores are checked by their kind when it adopts them, through the
+    source's own (guarded) file system: opening a caller's URI here would reach whatever
+    endpoint its query string names before any allow-list ran."""
+    local = [(p, _local(p)) for p in paths]
+    missing = [p for p, path in local if path is not None and not os.path.isfile(path)]
     if missing:
         raise InvalidArgument(
             f"{len(missing)} file(s) of the write do not exist (e.g. {missing[0]!r}): "
             "nothing was committed"
         )
+
+
+def _local(location: str) -> str | None:
+    """The local path of a file location, or None when it is not a local file."""
+    if location.startswith("file:"):
+        return unquote(urlsplit(location).path)
+    if "://" in location or not os.path.isabs(location):
+        return None
+    return location
 
 
 def _adopt(
@@ -182,7 +191,8 @@ def _adopt(
     if not isinstance(kind, AdoptsFiles):
         raise InvalidArgument(f"source {source!r} ({ref.kind}) does not adopt files")
     location = kind.staging_location(ref, write_id).rstrip("/") + "/"
-    outside = [p for p in paths if not p.startswith(location) or ".." in p]
+    outside = [p for p in paths
+               if not p.startswith(location) or ".." in p or "?" in p or "#" in p]  # fmt: skip
     if outside:
         raise InvalidArgument(f"files {outside[:3]} are not in this write's location")
     _check_written(paths)

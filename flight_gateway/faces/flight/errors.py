@@ -29,18 +29,21 @@ log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-#: The longest error message sent. A message repeats what the caller sent (a table name, an
-#: owner, a value); gRPC carries it percent-encoded in a trailer of at most 16 KiB, and past
+#: The longest error message sent, in UTF-8 bytes. A message repeats what the caller sent (a
+#: table name, an owner, a value); gRPC carries it percent-encoded (a non-ASCII byte takes
+#: three) in a trailer of at most 16 KiB, and pyarrow repeats it in the status detail: past
 #: that the client gets RESOURCE_EXHAUSTED instead of the error's own status.
-MAX_MESSAGE = 2000
+MAX_MESSAGE_BYTES = 1000
 
 
 def _clean(text: str) -> str:
     """No secret value and no file content in anything sent to a caller; at most
-    ``MAX_MESSAGE`` characters."""
+    ``MAX_MESSAGE_BYTES`` of UTF-8 (cut at a character)."""
     text = without_content(scrub(text))
-    if len(text) > MAX_MESSAGE:
-        text = f"{text[:MAX_MESSAGE]}... ({len(text)} characters in all)"
+    data = text.encode("utf-8", "replace")
+    if len(data) > MAX_MESSAGE_BYTES:
+        cut = data[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore")
+        text = f"{cut}... ({len(text)} characters in all)"
     return text
 
 
@@ -56,7 +59,9 @@ def _on_the_wire(method: str, e: BaseException) -> BaseException:
     if isinstance(e, OperationalError):
         log.warning("%s: catalog unavailable: %s", method, scrub(str(e)))
         return _wire(Unavailable("harness catalog unavailable"))
-    if isinstance(e, NotImplementedError | fl.FlightError) or not isinstance(e, Exception):
+    if isinstance(e, NotImplementedError):
+        return NotImplementedError(_clean(str(e)))
+    if isinstance(e, fl.FlightError) or not isinstance(e, Exception):
         return e
     if isinstance(e, pa.ArrowException):
         return type(e)(_clean(str(e)))

@@ -210,7 +210,7 @@ class FlightFace(fl.FlightServerBase):
             key = json.dumps({"public_key": self.core.reads.direct.public_key}).encode()
             return iter([fl.Result(key)])
         if action.type not in HANDLERS:  # UNIMPLEMENTED whatever its body holds
-            raise NotImplementedError(f"unknown action {action.type!r}")
+            raise NotImplementedError(f"unknown action {action.type[:100]!r}")
         body = actions.decode(action.type, decode_json(raw, f"body of {action.type}"))
         result = HANDLERS[action.type](self.core.gw, principal, body)
         return iter([fl.Result(json.dumps(result).encode())])

@@ -170,6 +170,15 @@ class RestCatalog:
         if not who.can("read", table):  # a table the caller may not read does not exist
             raise RestError(404, "NoSuchTableException", f"no table {NAMESPACE}.{table}")
         version = _version(query)
+        for _ in range(3):
+            out = self._load(table, version, who)
+            if out is not None:
+                return out
+        raise Unavailable(f"table {table!r}: its versions expired faster than it loaded; retry")
+
+    def _load(self, table: str, version: int | None, who: Principal) -> dict[str, Any] | None:
+        """The load of ``version`` (None: the latest); None when the latest expired while it
+        was loaded (the caller loads the new latest: a table that exists is never 404)."""
         snap = self.reads.snapshot(table, version)  # dropped, re-created, expired: NOT_FOUND
         with self.store.hold(snap.table_id, snap.version):
             layout = self._layout(snap, who)
@@ -178,6 +187,8 @@ class RestCatalog:
                 raise NotFound(f"table {table!r} was dropped while it was being loaded")
             kept = range(head.min_version, head.current_version + 1)
             if snap.version not in kept:
+                if version is None:
+                    return None
                 raise NotFound(f"version {snap.version} of {table!r} expired while it was loaded")
             location = f"file://{self.store.root}/t{snap.table_id}"
             metadata, metadata_location = self.writer.metadata(layout, kept, location)
