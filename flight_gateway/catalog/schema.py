@@ -113,6 +113,16 @@ def new_schema(specs: Iterable[Mapping[str, Any]]) -> Schema:
     return Schema(0, tuple(fields))
 
 
+#: What each schema change may say.
+_CHANGE_KEYS: dict[str, frozenset[str]] = {
+    "add_column": frozenset({"op", "name", "type", "nullable"}),
+    "rename_column": frozenset({"op", "name", "field_id", "new_name"}),
+    "drop_column": frozenset({"op", "name", "field_id"}),
+    "widen_type": frozenset({"op", "name", "field_id", "type"}),
+    "make_nullable": frozenset({"op", "name", "field_id"}),
+}
+
+
 def evolve(
     schema: Schema,
     changes: Sequence[Mapping[str, Any]],
@@ -134,6 +144,8 @@ def evolve(
 
     def find(change: Mapping[str, Any], op: str) -> int:
         key = change.get("field_id")
+        if key is not None and (isinstance(key, bool) or not isinstance(key, int)):
+            raise InvalidArgument(f"{op}: field_id must be an integer, got {key!r}")
         for i, f in enumerate(fields):
             if (key is not None and f.id == key) or (key is None and f.name == change.get("name")):
                 return i
@@ -144,6 +156,9 @@ def evolve(
         if not isinstance(change, Mapping):
             raise InvalidArgument(f"schema change must be an object, got {change!r}")
         op = change.get("op")
+        unknown = sorted(str(k) for k in change if k not in _CHANGE_KEYS.get(str(op), change))
+        if unknown:  # a misspelt field_id would have matched the column by name instead
+            raise InvalidArgument(f"{op}: unknown key(s) {unknown}")
         if op == "add_column":
             name = _check_name(change.get("name"), "add_column name")
             if any(f.name == name for f in fields):

@@ -333,3 +333,25 @@ def test_an_upload_into_a_missing_postgres_table_is_not_found(
     with pytest.raises(NotFound, match="does not exist"):
         client.put("pg", pa.table({"id": pa.array([1], pa.int64())}), commit_id="d")
     assert client.describe("pg").version == before
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"op": "drop_column", "feild_id": 1, "name": "x"}, "unknown key"),
+        ({"op": "drop_column", "field_id": "1"}, "field_id must be an integer"),
+        ({"op": "add_column", "name": "z", "type": "int64", "doc": "?"}, "unknown key"),
+    ],
+)
+def test_a_schema_change_with_a_typo_is_invalid(
+    client: HarnessClient, table: Path, change: dict, message: str
+) -> None:
+    before = client.describe("t")
+    with pytest.raises(InvalidArgument, match=message):
+        client.evolve_schema("t", [change])
+    assert client.describe("t") == before
+
+
+def test_the_locks_of_a_missing_table_are_not_found(client: HarnessClient) -> None:
+    with pytest.raises(NotFound):
+        client.action("harness.list_locks", {"table": "nope"})

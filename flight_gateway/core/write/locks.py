@@ -78,6 +78,7 @@ def list_locks(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, A
     if not isinstance(table, str) or not table:
         raise InvalidArgument("action body needs 'table'")
     who.require("write", table)
+    gw.catalog.head(table)  # NOT_FOUND for a table that does not exist, not an empty list
     admin = who.can("admin", table)
     out = []
     for info in gw.catalog.list_locks(table):
