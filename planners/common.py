@@ -7,8 +7,10 @@ type (``conform``). Writers go the other way (``to_physical``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -233,6 +235,15 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
         fs, path = pafs.FileSystem.from_uri(location)
         return fs, path
     return _LOCAL, location  # stateless and thread-safe; making one per call is not free
+
+
+def local_path(location: str) -> str | None:
+    """The local path of a file location, or None when it is not a local file."""
+    if location.startswith("file:"):
+        return unquote(urlsplit(location).path)
+    if "://" in location or not os.path.isabs(location):
+        return None
+    return location
 
 
 def scan_dataset(request: ScanRequest, data: Any) -> pa.RecordBatchReader:

@@ -23,10 +23,10 @@ ADMIN = "admin-token-0123456789"
 TOKENS = {ADMIN: {"name": "admin", "admin": ["*"]}}
 
 
-def _gateway(tmp_path: Path, **rest: Any) -> Any:
+def _gateway(tmp_path: Path, tokens: dict[str, Any] = TOKENS, **rest: Any) -> Any:
     return running_gateway(
         f"sqlite:///{tmp_path / 'c.db'}",
-        tokens=TOKENS,
+        tokens=tokens,
         allow_anonymous=False,
         reach={"any": True},
         iceberg_rest_port=0,
@@ -172,14 +172,7 @@ def test_a_source_pointing_back_at_the_face_ends_and_others_are_answered(
 
     reader = "reader-token-0123456789"
     tokens = {**TOKENS, reader: {"name": "reader", "read": ["t"]}}
-    with running_gateway(
-        f"sqlite:///{tmp_path / 'c.db'}",
-        tokens=tokens,
-        allow_anonymous=False,
-        reach={"any": True},
-        iceberg_rest_port=0,
-        iceberg_rest_dir=str(tmp_path / "rest"),
-    ) as (server, _):
+    with _gateway(tmp_path, tokens) as (server, _):
         admin = client_for(server, ADMIN)
         _table(admin, tmp_path / "f", name="x")
         base = f"http://127.0.0.1:{server.rest.port}"

@@ -21,7 +21,6 @@ import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from flight_gateway.catalog import TableSnapshot
 from flight_gateway.core.auth import Principal
@@ -30,7 +29,7 @@ from flight_gateway.core.sources import bind
 from flight_gateway.core.write.lease import leased
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.errors import Conflict, InvalidArgument
-from planners.common import filesystem
+from planners.common import filesystem, local_path
 from planners.kind import AdoptsFiles, Appendable, RewritesFiles
 from planners.registry import get_kind
 
@@ -162,22 +161,13 @@ def _check_written(paths: list[str]) -> None:
     Files in object stores are checked by their kind when it adopts them, through the
     source's own (guarded) file system: opening a caller's URI here would reach whatever
     endpoint its query string names before any allow-list ran."""
-    local = [(p, _local(p)) for p in paths]
+    local = [(p, local_path(p)) for p in paths]
     missing = [p for p, path in local if path is not None and not os.path.isfile(path)]
     if missing:
         raise InvalidArgument(
             f"{len(missing)} file(s) of the write do not exist (e.g. {missing[0]!r}): "
             "nothing was committed"
         )
-
-
-def _local(location: str) -> str | None:
-    """The local path of a file location, or None when it is not a local file."""
-    if location.startswith("file:"):
-        return unquote(urlsplit(location).path)
-    if "://" in location or not os.path.isabs(location):
-        return None
-    return location
 
 
 def _adopt(

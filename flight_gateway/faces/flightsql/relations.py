@@ -6,12 +6,10 @@ harness stream of its tasks, opened lazily and never materialised by the gateway
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 
@@ -20,6 +18,7 @@ from flight_gateway.core.read.plain import plan_sources
 from flight_gateway.core.read.shape import arrow_schema, candidate_sources, column_specs, resolve
 from flight_gateway.protocol import ReadRequest
 from flight_gateway.protocol.errors import InvalidArgument
+from planners.common import local_path
 from planners.execute import execute
 from planners.kind import ColumnSpec, EngineScan, ParquetScan, ScansInEngine, ScanTask, SourceKind
 
@@ -135,15 +134,6 @@ def _chain(
         return pa.RecordBatchReader.from_batches(schema, gen())
 
     return open_
-
-
-def local_path(location: str) -> str | None:
-    """The local path of a file location, or None when it is not a local file."""
-    if location.startswith("file:"):
-        return unquote(urlsplit(location).path)
-    if "://" in location or not os.path.isabs(location):
-        return None
-    return location
 
 
 def _local(scan: EngineScan | None) -> EngineScan | None:
