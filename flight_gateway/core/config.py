@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 import os
 import secrets
 import tomllib
@@ -84,10 +85,15 @@ class RestSettings:
     max_concurrent_loads: int = 4
     #: Requests being answered at once; more are answered 503 at once.
     max_requests: int = 64
-    #: Requests of one principal answered at once; more are answered 503 at once. Table
-    #: loads run on 16 threads: a principal whose loads wait on a slow source (or on a source
-    #: that points back at this face, each level a load of its own) holds at most this many.
+    #: Requests of one principal answered at once; more wait up to ``request_wait_s`` for
+    #: one to end, then are answered 503. Table loads run on 16 threads: a principal whose
+    #: loads wait on a slow source (or on a source that points back at this face, each level
+    #: a load of its own) holds at most this many, and one more waiting.
     max_requests_per_principal: int = 8
+    #: How long a principal's request over ``max_requests_per_principal`` waits for a place:
+    #: an engine loading many tables at once (Trino's metadata parallelism is 8 per query)
+    #: waits a moment rather than failing (pyiceberg does not retry a 503).
+    request_wait_s: float = 2.0
     #: Connections open at once; more are closed as they arrive.
     max_connections: int = 1024
     #: A request's headers must arrive within this; an idle keep-alive connection closes after it.
@@ -116,10 +122,12 @@ class RestSettings:
             value = getattr(out, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"iceberg_rest.{name} must be a positive integer")
-        for name in ("pin_s", "header_timeout_s", "sweep_s"):
+        for name in ("pin_s", "header_timeout_s", "sweep_s", "request_wait_s"):
             value = getattr(out, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"iceberg_rest.{name} must be a positive number")
+            if not math.isfinite(value):
+                raise ConfigError(f"iceberg_rest.{name} must be finite")
         return out
 
 

@@ -1,12 +1,15 @@
 """Bounded slots for calls in progress (DoGet streams, SQL statements, DoPut uploads), per
-principal and optionally gateway-wide. Over a limit a call fails at once with
-RESOURCE_EXHAUSTED naming the limit (kind ``busy`` in its details: nothing was done, so a retry
-later is safe); it never waits."""
+principal and optionally gateway-wide. Over a limit a call fails with RESOURCE_EXHAUSTED naming
+the limit (kind ``busy`` in its details: nothing was done, so a retry later is safe): at once,
+or after waiting up to the ``wait_s`` its ``Slots`` were made with for one to free (the Iceberg
+REST face: a client that loads more tables at once than a principal may have requests answered
+waits a moment rather than failing, as pyiceberg does not retry)."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
 from flight_gateway.protocol.errors import Busy
@@ -20,30 +23,43 @@ class Slots:
         total: int | None = None,
         total_limit: str = "",
         what: str = "calls",
+        wait_s: float = 0.0,
     ) -> None:
         self.per_principal, self.total = per_principal, total
         self._names = (per_principal_limit, total_limit)
         self._what = what
+        self.wait_s = wait_s
         self._open: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
 
     def in_progress(self, name: str | None = None) -> int:
         with self._lock:
             return sum(self._open.values()) if name is None else self._open.get(name, 0)
 
     def acquire(self, name: str) -> None:
+        deadline = time.monotonic() + self.wait_s
         with self._lock:
-            if self._open.get(name, 0) >= self.per_principal:
-                raise Busy(
-                    f"{name!r} has {self.per_principal} {self._what} in progress "
-                    f"(limits.{self._names[0]}); retry when one has finished"
-                )
-            if self.total is not None and sum(self._open.values()) >= self.total:
-                raise Busy(
-                    f"the gateway has {self.total} {self._what} in progress "
-                    f"(limits.{self._names[1]}); retry later"
-                )
+            while (full := self._full(name)) is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Busy(full)
+                self._freed.wait(left)
             self._open[name] = self._open.get(name, 0) + 1
+
+    def _full(self, name: str) -> str | None:
+        """Why ``name`` may not start a call now (the lock held), or None."""
+        if self._open.get(name, 0) >= self.per_principal:
+            return (
+                f"{name!r} has {self.per_principal} {self._what} in progress "
+                f"(limits.{self._names[0]}); retry when one has finished"
+            )
+        if self.total is not None and sum(self._open.values()) >= self.total:
+            return (
+                f"the gateway has {self.total} {self._what} in progress "
+                f"(limits.{self._names[1]}); retry later"
+            )
+        return None
 
     def release(self, name: str) -> None:
         with self._lock:
@@ -52,6 +68,7 @@ class Slots:
                 self._open[name] = left
             else:
                 self._open.pop(name, None)
+            self._freed.notify_all()
 
     @contextlib.contextmanager
     def hold(self, name: str) -> Iterator[None]:

@@ -234,6 +234,7 @@ def mount(core: Any, config: GatewayConfig) -> RestServer:
         settings.max_requests_per_principal,
         "iceberg_rest.max_requests_per_principal",
         what="requests being answered",
+        wait_s=settings.request_wait_s,
     )
     rest = RestCatalog(core.reads, config.token_store, layouts,
                        MetadataWriter(store, settings.history), loads, answering)  # fmt: skip
