@@ -355,3 +355,32 @@ def test_a_schema_change_with_a_typo_is_invalid(
 def test_the_locks_of_a_missing_table_are_not_found(client: HarnessClient) -> None:
     with pytest.raises(NotFound):
         client.action("harness.list_locks", {"table": "nope"})
+
+
+def test_a_transaction_id_is_refused_not_ignored(client: HarnessClient, table: Path) -> None:
+    """The server runs no transactions (BeginTransaction is UNIMPLEMENTED, SqlInfo advertises
+    none): a statement naming one was run outside any, as if the client's transaction held
+    it. Now it is UNIMPLEMENTED, as BeginTransaction is, on every call that carries one."""
+    from flight_gateway.protocol.flightsql import pack, pb
+
+    raw = _raw(client)
+    before = client.describe("t").version
+    txn = b"made-up-transaction"
+    query = pack(pb.CommandStatementQuery(query="SELECT count(*) FROM t", transaction_id=txn))
+    for call in (raw.get_flight_info, raw.get_schema):
+        with pytest.raises(pa.ArrowNotImplementedError, match="transaction"):
+            call(fl.FlightDescriptor.for_command(query))
+    prepare = pack(
+        pb.ActionCreatePreparedStatementRequest(query="SELECT count(*) FROM t", transaction_id=txn)
+    )
+    with pytest.raises(pa.ArrowNotImplementedError, match="transaction"):
+        _action(raw, "CreatePreparedStatement", prepare)
+    update = pack(pb.CommandStatementUpdate(query="DELETE FROM t", transaction_id=txn))
+    with pytest.raises(pa.ArrowNotImplementedError, match="transaction"):
+        writer, _ = raw.do_put(fl.FlightDescriptor.for_command(update), pa.schema([]))
+        writer.close()
+    # An empty id is no transaction: the statement runs.
+    plain = pack(pb.CommandStatementQuery(query="SELECT count(*) AS n FROM t", transaction_id=b""))
+    info = raw.get_flight_info(fl.FlightDescriptor.for_command(plain))
+    assert raw.do_get(info.endpoints[0].ticket).read_all().column("n").to_pylist() == [100]
+    assert client.describe("t").version == before
