@@ -520,6 +520,7 @@ class FlightSqlService:
         """What a worker runs for the handle's statement, and whether it is deterministic."""
         with tracing.span("sql.plan"):
             stmt, rels = self._relations(handle, plan=True, who=who, reads=reads)
+        relations.check_files(rels)
         sql, same_rows = self._sql(stmt)
         try:
             plan = engine.build(sql, rels, stmt.again)
