@@ -266,3 +266,29 @@ def test_a_body_or_headers_past_the_limit_get_the_error_model(tmp_path: Path) ->
         assert status == 431, (status, body)
         check_schema("IcebergErrorResponse", body)
         assert get(f"http://127.0.0.1:{port}/v1/config", ADMIN)[0] == 200
+
+
+def test_metadata_files_count_against_the_disk_budget(tmp_path: Path) -> None:
+    """A table read in place writes no slice, only metadata (a manifest, a manifest list, the
+    table metadata), which the budget did not count: a load past the budget answered 200
+    with the store over it. Now metadata is checked as slices are (after a sweep): 503
+    SlowDownException naming the setting, no file left past the budget; within it, 200."""
+    with _gateway(tmp_path) as (server, _):
+        admin = client_for(server, ADMIN)
+        _table(admin, tmp_path / "f")
+        store = server.rest.rest.store
+        store.budget_bytes = 2048  # below any config's (whole MB): a load's metadata passes it
+        url = f"http://127.0.0.1:{server.rest.port}/v1/namespaces/harness/tables/t"
+        status, body = get(url, ADMIN)
+        assert status == 503, body
+        assert body["error"]["type"] == "SlowDownException", body
+        assert "disk_budget_mb" in body["error"]["message"]
+        assert store.used_bytes() <= store.budget_bytes
+        files = [p for p in (tmp_path / "rest").rglob("t*/metadata/*") if p.is_file()]
+        assert sum(p.stat().st_size for p in files) <= store.budget_bytes, files
+        assert not [p for p in files if p.name.startswith(".tmp-")]
+        store.budget_bytes = 1 << 20
+        status, body = get(url, ADMIN)
+        assert status == 200, body
+        assert 0 < store.used_bytes() <= store.budget_bytes
+        admin.close()

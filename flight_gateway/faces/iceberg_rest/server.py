@@ -286,7 +286,7 @@ def mount(core: Any, config: GatewayConfig) -> RestServer:
         what="requests being answered",
     )
     rest = RestCatalog(core.reads, config.token_store, layouts,
-                       MetadataWriter(store, settings.history), loads, answering)  # fmt: skip
+                       MetadataWriter(store, settings.history, layouts.sweep), loads, answering)  # fmt: skip
     server = RestServer(rest, settings, config.host, config.iceberg_rest_port or 0,
                         tls_context(config))  # fmt: skip
     scheme = "https" if config.tls_cert else "http"
