@@ -8,6 +8,7 @@ type (``conform``). Writers go the other way (``to_physical``).
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -244,6 +245,22 @@ def local_path(location: str) -> str | None:
     if "://" in location or not os.path.isabs(location):
         return None
     return location
+
+
+def local_file_problem(path: str) -> str | None:
+    """Why the local ``path`` cannot be read as a data file (``"missing"``, ``"not a regular
+    file"``: a named pipe, device, socket or directory), or None. Checked with ``os.stat``,
+    never by opening it: opening a named pipe for reading blocks until a writer comes, and a
+    directory would be read as a dataset of whatever files it holds."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError as e:
+        return f"cannot be examined ({e.strerror or type(e).__name__})"
+    if not stat.S_ISREG(mode):
+        return "not a regular file (a named pipe, device, socket or directory)"
+    return None
 
 
 def scan_dataset(request: ScanRequest, data: Any) -> pa.RecordBatchReader:

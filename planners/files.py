@@ -31,6 +31,7 @@ from planners.common import (
     chain_readers,
     filesystem,
     group_by_size,
+    local_file_problem,
     physical_names,
     scan_dataset,
     target_schema,
@@ -116,6 +117,16 @@ def _resolve(
     return fs, out, reals if local else None
 
 
+def _regular(source: str, reals: Sequence[str], error: type[Exception]) -> None:
+    """``error`` unless each local file that exists is a regular file (a missing one is the
+    read's UNAVAILABLE). Checked by ``stat``, never opened: a named pipe blocks its reader
+    until a writer comes, and a directory would be read as whatever files it holds."""
+    for real in reals:
+        why = local_file_problem(real)
+        if why is not None and why != "missing":
+            raise error(f"source {source!r}: {real!r} is {why}: it cannot be read as a data file")
+
+
 def _uris(root: str | None, paths: list[str], reals: list[str] | None) -> list[str]:
     """Filesystem paths as locations a client can open: real local paths (the files checked,
     wherever links lead), or URIs with the root's scheme (``s3://bucket/key``)."""
@@ -169,7 +180,9 @@ class FilesKind(SourceKind):
 
     def check(self, source: SourceRef) -> None:
         config: FilesConfig = self.parse_config(source)
-        resolve_paths(config.root, _file_list(source.name, source.state))
+        _, _, reals = _resolve(config.root, _file_list(source.name, source.state))
+        if reals is not None:  # a file not there yet is the read's UNAVAILABLE, as before
+            _regular(source.name, reals, InvalidArgument)
 
     def reaches(self, source: SourceRef) -> list[Reach]:
         config: FilesConfig = self.parse_config(source)
@@ -190,6 +203,8 @@ class FilesKind(SourceKind):
             request.check_files("data file", uris)
         else:
             request.check_real_files("data file", reals)
+            # Replaced since its commit (by a pipe, a directory): UNAVAILABLE before any open.
+            _regular(request.source.name, reals, Unavailable)
         return fs, paths, uris
 
     # ------------------------------------------------------------------ reading
@@ -202,6 +217,8 @@ class FilesKind(SourceKind):
         for info in infos:
             if info.type == pafs.FileType.NotFound:
                 raise Unavailable(f"source {src.name!r}: file {info.path!r} is missing")
+            if info.type != pafs.FileType.File:  # an object store's "directory"
+                raise Unavailable(f"source {src.name!r}: {info.path!r} is not a regular file")
         groups = group_by_size(
             [(name, info.size) for name, info in zip(files, infos, strict=True)],
             config.target_task_bytes,

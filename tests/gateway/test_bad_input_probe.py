@@ -355,3 +355,106 @@ def test_a_schema_change_with_a_typo_is_invalid(
 def test_the_locks_of_a_missing_table_are_not_found(client: HarnessClient) -> None:
     with pytest.raises(NotFound):
         client.action("harness.list_locks", {"table": "nope"})
+
+
+def test_a_transaction_id_is_refused_not_ignored(client: HarnessClient, table: Path) -> None:
+    """The server runs no transactions (BeginTransaction is UNIMPLEMENTED, SqlInfo advertises
+    none): a statement naming one was run outside any, as if the client's transaction held
+    it. Now it is UNIMPLEMENTED, as BeginTransaction is, on every call that carries one."""
+    from flight_gateway.protocol.flightsql import pack, pb
+
+    raw = _raw(client)
+    before = client.describe("t").version
+    txn = b"made-up-transaction"
+    query = pack(pb.CommandStatementQuery(query="SELECT count(*) FROM t", transaction_id=txn))
+    for call in (raw.get_flight_info, raw.get_schema):
+        with pytest.raises(pa.ArrowNotImplementedError, match="transaction"):
+            call(fl.FlightDescriptor.for_command(query))
+    prepare = pack(
+        pb.ActionCreatePreparedStatementRequest(query="SELECT count(*) FROM t", transaction_id=txn)
+    )
+    with pytest.raises(pa.ArrowNotImplementedError, match="transaction"):
+        _action(raw, "CreatePreparedStatement", prepare)
+    update = pack(pb.CommandStatementUpdate(query="DELETE FROM t", transaction_id=txn))
+    with pytest.raises(pa.ArrowNotImplementedError, match="transaction"):
+        writer, _ = raw.do_put(fl.FlightDescriptor.for_command(update), pa.schema([]))
+        writer.close()
+    # An empty id is no transaction: the statement runs.
+    plain = pack(pb.CommandStatementQuery(query="SELECT count(*) AS n FROM t", transaction_id=b""))
+    info = raw.get_flight_info(fl.FlightDescriptor.for_command(plain))
+    assert raw.do_get(info.endpoints[0].ticket).read_all().column("n").to_pylist() == [100]
+    assert client.describe("t").version == before
+
+
+def _unblock(fifo: Path) -> None:
+    """End a read blocked opening ``fifo`` (before the fix, the gateway's read hung there):
+    a writer that opens and closes it gives the reader end of file."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(OSError):  # nothing reading it
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize("special", ["fifo", "directory"])
+def test_a_state_naming_a_fifo_or_a_directory_is_refused_at_commit(
+    client: HarnessClient, table: Path, special: str
+) -> None:
+    """A named pipe or a directory in a files source's state (added, or committed as an
+    update) or in commit_write's paths is INVALID_ARGUMENT; nothing is committed."""
+    import os
+
+    bad = table / "pipe.parquet"
+    os.mkfifo(bad) if special == "fifo" else bad.mkdir()
+    before = client.describe("t").version
+    error = _typed(lambda: client.commit("t", updates=[{"source": "f",
+                   "state": {"files": ["a.parquet", bad.name]}}]))  # fmt: skip
+    assert isinstance(error, InvalidArgument) and "not a regular file" in str(error), error
+    error = _typed(lambda: client.add_source(
+        "t", "g", "files", config={"root": str(table)}, state={"files": [bad.name]}
+    ))  # fmt: skip
+    assert isinstance(error, InvalidArgument) and "not a regular file" in str(error), error
+    raw = _raw(client)
+    begun = json.loads(_action(raw, "harness.begin_write", json.dumps({"table": "t"}))[0])
+    staged = Path(begun["location"].removeprefix("file://"))
+    staged.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(staged / "w.parquet") if special == "fifo" else (staged / "w.parquet").mkdir()
+    body = {"table": "t", "write_id": begun["write_id"], "paths": [f"{staged}/w.parquet"]}
+    error = _typed(lambda: _action(raw, "harness.commit_write", json.dumps(body)))
+    assert isinstance(error, InvalidArgument) and "not a regular file" in str(error), error
+    assert client.describe("t").version == before
+    assert client.read("t").num_rows == 100
+
+
+def test_a_file_replaced_by_a_fifo_after_commit_is_unavailable_not_a_hang(
+    client: HarnessClient, table: Path
+) -> None:
+    """The committed file replaced by a named pipe: planning the read was INTERNAL (a size
+    of None), a Flight SQL statement over the table's relation planned before hung in
+    DuckDB's open of the pipe; now each is UNAVAILABLE naming the file, at once, and the pipe
+    is never opened."""
+    import os
+    import threading
+
+    from flight_gateway.protocol.errors import Unavailable
+
+    raw = _raw(client)
+    info = raw.get_flight_info(fl.FlightDescriptor.for_path("t"))  # planned while it was a file
+    assert client.sql("SELECT count(*) AS n FROM t").column("n").to_pylist() == [100]
+    (table / "a.parquet").unlink()
+    os.mkfifo(table / "a.parquet")
+    options = fl.FlightCallOptions(timeout=20)
+    rescue = threading.Timer(20, _unblock, [table / "a.parquet"])  # a hang ends, and fails
+    rescue.start()
+    try:
+        started = time.monotonic()
+        error = _typed(lambda: raw.do_get(info.endpoints[0].ticket, options).read_all())
+        assert isinstance(error, Unavailable) and "not a regular file" in str(error), error
+        error = _typed(lambda: raw.get_flight_info(fl.FlightDescriptor.for_path("t"), options))
+        assert isinstance(error, Unavailable) and "not a regular file" in str(error), error
+        error = _typed(lambda: client.sql("SELECT sum(i) AS s FROM t"))
+        assert isinstance(error, Unavailable) and "not a regular file" in str(error), error
+        assert time.monotonic() - started < 15
+    finally:
+        rescue.cancel()
+        _unblock(table / "a.parquet")

@@ -198,3 +198,97 @@ def test_a_source_pointing_back_at_the_face_ends_and_others_are_answered(
         status, _ = get(f"{base}/v1/namespaces/harness/tables/t", reader)
         assert status == 404  # the face still answers (t does not exist here)
         admin.close()
+
+
+def _call(
+    url: str, method: str, token: str = ADMIN, data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, Any]:  # fmt: skip
+    """(status, JSON body or None, headers) of one request; error statuses returned."""
+    sent = {"Authorization": f"Bearer {token}", **(headers or {})}
+    req = urllib.request.Request(url, data=data, headers=sent, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else None, resp.headers
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, json.loads(raw) if raw else None, e.headers
+
+
+def test_a_method_a_route_does_not_have_is_405_with_allow(tmp_path: Path) -> None:
+    """OPTIONS, PATCH, TRACE, a made-up method, or one the spec does not give the route
+    (DELETE of /v1/config) was 405 labelled ForbiddenException (Tornado's own 405s
+    BadRequestException), without ``Allow``; now 405 MethodNotAllowedException in the error
+    model, with ``Allow: GET, HEAD``. The spec's writes stay 403 (read-only)."""
+    with _gateway(tmp_path) as (server, _):
+        base = f"http://127.0.0.1:{server.rest.port}/v1"
+        table = f"{base}/namespaces/harness/tables/t"
+        for method, url in [("OPTIONS", f"{base}/config"), ("PATCH", table),
+                            ("TRACE", f"{base}/namespaces"), ("FROB", table),
+                            ("DELETE", f"{base}/config"), ("PUT", table)]:  # fmt: skip
+            status, body, headers = _call(url, method)
+            assert status == 405, (method, url, status, body)
+            check_schema("IcebergErrorResponse", body)
+            assert body["error"]["type"] == "MethodNotAllowedException", body
+            assert method in body["error"]["message"]
+            assert headers["Allow"] == "GET, HEAD", (method, dict(headers))
+        status, body, _ = _call(f"{base}/namespaces/harness/tables", "POST", data=b"{}")
+        assert status == 403 and body["error"]["type"] == "ForbiddenException"
+        status, body, _ = _call(f"{base}/tables/rename", "POST", data=b"{}")
+        assert status == 403 and "read-only" in body["error"]["message"]
+
+
+def test_a_body_or_headers_past_the_limit_get_the_error_model(tmp_path: Path) -> None:
+    """A body past 64 KB, or headers past 64 KB, got Tornado's bare 400 (no JSON) or a closed
+    connection; now 413 for the body (announced by Content-Length, or sent chunked) and 431 for
+    headers, each in the spec's error model. The face still answers afterwards."""
+    import http.client
+
+    with _gateway(tmp_path) as (server, _):
+        port = server.rest.port
+        url = f"http://127.0.0.1:{port}/v1/namespaces/harness/tables"
+        status, body, _ = _call(url, "POST", data=b"x" * (65 * 1024))
+        assert status == 413, (status, body)
+        check_schema("IcebergErrorResponse", body)
+        assert "64 KB" in body["error"]["message"]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        chunks = iter([b"y" * 8192] * 10)  # 80 KB, no Content-Length
+        conn.request("POST", "/v1/namespaces/harness/tables", body=chunks,
+                     headers={"Authorization": f"Bearer {ADMIN}"}, encode_chunked=True)  # fmt: skip
+        resp = conn.getresponse()
+        raw = resp.read()
+        assert resp.status == 413, (resp.status, raw)
+        check_schema("IcebergErrorResponse", json.loads(raw))
+        conn.close()
+        status, body, _ = _call(f"http://127.0.0.1:{port}/v1/config", "GET",
+                                headers={"X-Big": "z" * (70 * 1024)})  # fmt: skip
+        assert status == 431, (status, body)
+        check_schema("IcebergErrorResponse", body)
+        assert get(f"http://127.0.0.1:{port}/v1/config", ADMIN)[0] == 200
+
+
+def test_metadata_files_count_against_the_disk_budget(tmp_path: Path) -> None:
+    """A table read in place writes no slice, only metadata (a manifest, a manifest list, the
+    table metadata), which the budget did not count: a load past the budget answered 200
+    with the store over it. Now metadata is checked as slices are (after a sweep): 503
+    SlowDownException naming the setting, no file left past the budget; within it, 200."""
+    with _gateway(tmp_path) as (server, _):
+        admin = client_for(server, ADMIN)
+        _table(admin, tmp_path / "f")
+        store = server.rest.rest.store
+        store.budget_bytes = 2048  # below any config's (whole MB): a load's metadata passes it
+        url = f"http://127.0.0.1:{server.rest.port}/v1/namespaces/harness/tables/t"
+        status, body = get(url, ADMIN)
+        assert status == 503, body
+        assert body["error"]["type"] == "SlowDownException", body
+        assert "disk_budget_mb" in body["error"]["message"]
+        assert store.used_bytes() <= store.budget_bytes
+        files = [p for p in (tmp_path / "rest").rglob("t*/metadata/*") if p.is_file()]
+        assert sum(p.stat().st_size for p in files) <= store.budget_bytes, files
+        assert not [p for p in files if p.name.startswith(".tmp-")]
+        store.budget_bytes = 1 << 20
+        status, body = get(url, ADMIN)
+        assert status == 200, body
+        assert 0 < store.used_bytes() <= store.budget_bytes
+        admin.close()

@@ -173,8 +173,9 @@ class SliceStore:
     # ------------------------------------------------------------------ budget
 
     def check_budget(
-        self, adding: int, sweep: Callable[[], Any], writer: object | None = None
-    ) -> None:
+        self, adding: int, sweep: Callable[[], Any], writer: object | None = None,
+        what: str = "a slice",
+    ) -> None:  # fmt: skip
         """RESOURCE_EXHAUSTED when ``adding`` more bytes would pass the budget even after a
         sweep of what no kept version uses, counting what other writes have on disk so far.
         ``writer``: a write in progress whose ``adding`` bytes so far are then counted for the
@@ -184,7 +185,7 @@ class SliceStore:
             return
         if adding > budget:  # no sweep makes room: a retry fails the same way
             raise ResourceExhausted(
-                f"a slice of {adding / 2**20:.1f} MB or more does not fit the slice store's "
+                f"{what} of {adding / 2**20:.1f} MB or more does not fit the slice store's "
                 f"budget of {budget / 2**20:.1f} MB: raise iceberg_rest.disk_budget_mb"
             )
         if self.used_bytes() + self._others(writer) + adding > budget:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import uuid
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ from flight_gateway.core.sources import bind
 from flight_gateway.core.write.lease import leased
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.errors import Conflict, InvalidArgument
-from planners.common import filesystem, local_path
+from planners.common import filesystem, local_file_problem, local_path
 from planners.kind import AdoptsFiles, Appendable, RewritesFiles
 from planners.registry import get_kind
 
@@ -156,17 +155,25 @@ def _rewrite(
 
 
 def _check_written(paths: list[str]) -> None:
-    """INVALID_ARGUMENT unless every one of ``paths`` that is a local file exists: a commit
-    adopting a name the engine never wrote would make every read of the new version fail.
+    """INVALID_ARGUMENT unless every one of ``paths`` that is a local file exists and is a
+    regular file: a commit adopting a name the engine never wrote, or a named pipe or a
+    directory, would make every read of the new version fail (or hang, opening the pipe).
     Files in object stores are checked by their kind when it adopts them, through the
     source's own (guarded) file system: opening a caller's URI here would reach whatever
     endpoint its query string names before any allow-list ran."""
     local = [(p, local_path(p)) for p in paths]
-    missing = [p for p, path in local if path is not None and not os.path.isfile(path)]
+    problems = [(p, local_file_problem(path)) for p, path in local if path is not None]
+    missing = [p for p, why in problems if why == "missing"]
     if missing:
         raise InvalidArgument(
             f"{len(missing)} file(s) of the write do not exist (e.g. {missing[0]!r}): "
             "nothing was committed"
+        )
+    odd = [(p, why) for p, why in problems if why is not None]
+    if odd:
+        raise InvalidArgument(
+            f"{len(odd)} path(s) of the write cannot be adopted (e.g. {odd[0][0]!r}: "
+            f"{odd[0][1]}): nothing was committed"
         )
 
 

@@ -17,8 +17,8 @@ from flight_gateway.catalog import TableSnapshot
 from flight_gateway.core.read.plain import plan_sources
 from flight_gateway.core.read.shape import arrow_schema, candidate_sources, column_specs, resolve
 from flight_gateway.protocol import ReadRequest
-from flight_gateway.protocol.errors import InvalidArgument
-from planners.common import local_path
+from flight_gateway.protocol.errors import InvalidArgument, Unavailable
+from planners.common import local_file_problem, local_path
 from planners.execute import execute
 from planners.kind import ColumnSpec, EngineScan, ParquetScan, ScansInEngine, ScanTask, SourceKind
 
@@ -145,6 +145,21 @@ def _local(scan: EngineScan | None) -> EngineScan | None:
     if any(p is None or _GLOB.search(p) for p in paths):
         return None  # DuckDB would read a name with * ? [ ] { } as a pattern: stream it
     return ParquetScan(tuple(p for p in paths if p), scan.field_ids)
+
+
+def check_files(rels: Sequence[TableRelation]) -> None:
+    """UNAVAILABLE when a file the engine would scan in place is missing or no longer a
+    regular file: a relation is planned once per version and kept, and a file replaced since
+    by a named pipe would block DuckDB's open of it until a writer came. ``stat`` only (a
+    few microseconds a file), never opened."""
+    for rel in rels:
+        for part in rel.parts:
+            if not isinstance(part.scan, ParquetScan):
+                continue
+            for path in part.scan.files:
+                why = local_file_problem(path)
+                if why is not None:
+                    raise Unavailable(f"table {rel.table!r}: file {path!r} is {why}")
 
 
 def empty_relation(snap: TableSnapshot, columns: Sequence[str]) -> TableRelation:

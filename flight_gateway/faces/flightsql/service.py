@@ -8,7 +8,8 @@ parameters (``CreatePreparedStatement``/``ClosePreparedStatement`` actions, para
 DoPut, ``CommandPreparedStatementQuery``), ``CommandGetSqlInfo``, ``CommandGetCatalogs``,
 ``CommandGetDbSchemas``, ``CommandGetTables``, ``CommandGetTableTypes`` and
 ``CommandGetPrimaryKeys``; statements are cancelled by ``CancelFlightInfo`` and ``CancelQuery``
-(``cancels``). Everything else is UNIMPLEMENTED; updates are refused (read-only).
+(``cancels``). Everything else is UNIMPLEMENTED; updates are refused (read-only). No
+transactions: a message naming one (``transaction_id``) is UNIMPLEMENTED, like BeginTransaction.
 """
 
 from __future__ import annotations
@@ -88,6 +89,19 @@ SQL_INFO: dict[int, str | bool | int] = {
     pb.SQL_DDL_TABLE: False,
     pb.SQL_IDENTIFIER_QUOTE_CHAR: '"',
 }
+
+
+def refuse_transaction(message: Any) -> None:
+    """UNIMPLEMENTED for a message naming a transaction, as for BeginTransaction itself: the
+    server runs none (SqlInfo advertises none), and running the statement outside the
+    client's transaction would let it believe its reads and writes were isolated."""
+    fields = message.DESCRIPTOR.fields_by_name
+    if "transaction_id" in fields and message.transaction_id:
+        raise NotImplementedError(
+            f"Flight SQL transactions are not supported (BeginTransaction is unimplemented): "
+            f"send {type(message).__name__} without a transaction_id; each statement reads "
+            "the versions it pins"
+        )
 
 
 def early_key(handle: dict[str, Any]) -> tuple[Any, ...]:
@@ -171,7 +185,10 @@ class FlightSqlService:
     @staticmethod
     def claim(data: bytes) -> Any | None:
         """The Flight SQL message in a command or ticket (None: a native one)."""
-        return unpack(data)
+        message = unpack(data)
+        if message is not None:
+            refuse_transaction(message)
+        return message
 
     # ------------------------------------------------------------------ statements
 
@@ -503,6 +520,7 @@ class FlightSqlService:
         """What a worker runs for the handle's statement, and whether it is deterministic."""
         with tracing.span("sql.plan"):
             stmt, rels = self._relations(handle, plan=True, who=who, reads=reads)
+        relations.check_files(rels)
         sql, same_rows = self._sql(stmt)
         try:
             plan = engine.build(sql, rels, stmt.again)
@@ -791,6 +809,7 @@ class FlightSqlService:
                 raise InvalidArgument(
                     "CreatePreparedStatement needs an ActionCreatePreparedStatementRequest"
                 )
+            refuse_transaction(request)
             return [pack(self._prepared(request.query, who))]
         if action_type == "ClosePreparedStatement":
             return []  # handles hold no server state

@@ -53,6 +53,21 @@ ENDPOINTS = [
     "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
 ]
 
+#: The methods this catalog answers on each of its routes (HEAD wherever GET is): the
+#: ``Allow`` header of a 405.
+ALLOWED = ("GET", "HEAD")
+#: The spec's writes on the routes this catalog serves: refused as writes (403, read-only),
+#: not as methods the route lacks (405).
+_SPEC_WRITES = {
+    "config": frozenset(),
+    "namespaces": frozenset({"POST"}),
+    "namespace": frozenset({"DELETE"}),
+    "tables": frozenset({"POST"}),
+    "table": frozenset({"POST", "DELETE"}),
+}
+#: On any other path: the spec's other routes (rename, register, commit, ...) are writes.
+_OTHER_WRITES = frozenset({"POST", "PUT", "DELETE"})
+
 
 class RestError(Exception):
     def __init__(self, code: int, kind: str, message: str) -> None:
@@ -129,12 +144,8 @@ class RestCatalog:
             }
         try:
             who = self.principal(req)
-            if req.method not in ("GET", "HEAD"):
-                raise RestError(
-                    405 if req.method not in ("POST", "PUT", "DELETE") else 403,
-                    "ForbiddenException",
-                    "this catalog is read-only: write through the gateway's DoPut and DoAction",
-                )
+            if req.method not in ALLOWED:
+                raise _refusal(req.method, _parts(req.path))
             with self.answering.hold(who.name):
                 body = self.route(req, who)
             return (204, None) if req.method == "HEAD" else (200, body)
@@ -142,11 +153,7 @@ class RestCatalog:
             return error_body(e)
 
     def route(self, req: Request, who: Principal) -> dict[str, Any]:
-        parts = [unquote(p) for p in req.path.strip("/").split("/")]
-        if parts[:1] == ["v1"]:
-            parts = parts[1:]
-        if parts and parts[0] not in ("config", "namespaces"):
-            parts = parts[1:]  # an optional prefix
+        parts = _parts(req.path)
         if parts == ["config"]:
             return {"defaults": {}, "overrides": {}, "endpoints": ENDPOINTS}
         if parts == ["namespaces"]:
@@ -208,6 +215,44 @@ class RestCatalog:
             while len(self._layouts) > 256:
                 self._layouts.popitem(last=False)
         return layout
+
+
+def _parts(path: str) -> list[str]:
+    """The path's parts after ``/v1`` and an optional prefix."""
+    parts = [unquote(p) for p in path.strip("/").split("/")]
+    if parts[:1] == ["v1"]:
+        parts = parts[1:]
+    if parts and parts[0] not in ("config", "namespaces"):
+        parts = parts[1:]  # an optional prefix
+    return parts
+
+
+def _resource(parts: list[str]) -> str | None:
+    """Which of this catalog's routes ``parts`` is (its resource may not exist), or None."""
+    if parts in (["config"], ["namespaces"]):
+        return parts[0]
+    if len(parts) < 2 or parts[0] != "namespaces":
+        return None
+    rest = parts[2:]
+    if not rest:
+        return "namespace"
+    if rest == ["tables"]:
+        return "tables"
+    return "table" if len(rest) == 2 and rest[0] == "tables" else None
+
+
+def _refusal(method: str, parts: list[str]) -> RestError:
+    """A method other than GET and HEAD: a write the spec has there is refused as one (403),
+    a method the route does not have is 405 (``Allow``: ``ALLOWED``, set by the server)."""
+    kind = _resource(parts)
+    if method in (_SPEC_WRITES[kind] if kind is not None else _OTHER_WRITES):
+        return RestError(403, "ForbiddenException",
+                         "this catalog is read-only: write through the gateway's DoPut and DoAction")  # fmt: skip
+    if kind is None:
+        return RestError(404, "NotFoundException", "no such resource")
+    return RestError(405, "MethodNotAllowedException",
+                     f"{method[:20]} is not a method of this resource: it allows "
+                     f"{', '.join(ALLOWED)}")  # fmt: skip
 
 
 def _version(query: Mapping[str, list[str]]) -> int | None:

@@ -20,14 +20,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flight_gateway.core.layout import SliceStore, SourceFiles, VersionLayout
 from flight_gateway.core.layout.fits import name_mapping
 from flight_gateway.core.layout.ids import arrow_with_ids
-from flight_gateway.core.layout.store import StoredFile
+from flight_gateway.core.layout.store import Artifact, StoredFile
 from flight_gateway.core.layout.version import digest
 from planners.kind import ColumnSpec
 from planners.layout import POSITION_DELETES, LaidFile
@@ -78,8 +79,30 @@ class SnapshotInfo:
 
 
 class MetadataWriter:
-    def __init__(self, store: SliceStore, history: int = 16) -> None:
-        self.store, self.history = store, history
+    def __init__(
+        self, store: SliceStore, history: int = 16, sweep: Callable[[], Any] = dict
+    ) -> None:
+        #: ``sweep``: what frees the store's space before a file is refused (``Layouts.sweep``).
+        self.store, self.history, self.sweep = store, history, sweep
+
+    def _stored(
+        self, tmp: Path, final: Path, key: str, table_id: int, family: str,
+        rows: int = 0, state: Any = None,
+    ) -> Artifact:  # fmt: skip
+        """``tmp`` published as ``final`` and recorded as artifact ``key``, within the store's
+        disk budget as slices are (a sweep first, RESOURCE_EXHAUSTED past it): a manifest,
+        manifest list and table metadata for every version loaded would otherwise fill the
+        disk uncounted. ``tmp`` never outlives the call."""
+        token = object()  # its bytes counted for other writes until recorded
+        try:
+            size = tmp.stat().st_size
+            self.store.check_budget(size, self.sweep, token, what="a metadata file")
+            self.store.publish(tmp, final)
+            stored = StoredFile(str(final), size, rows)
+            return self.store.put(key, table_id, family, [stored], state)
+        finally:
+            self.store.done_writing(token)
+            tmp.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ manifests
 
@@ -102,17 +125,8 @@ class MetadataWriter:
         self, layout: VersionLayout, key: str, files: Sequence[LaidFile], deletes: bool
     ) -> Any:
         from pyiceberg.io.pyarrow import PyArrowFileIO
-        from pyiceberg.manifest import (
-            DataFile,
-            DataFileContent,
-            FileFormat,
-            ManifestContent,
-            ManifestEntry,
-            ManifestEntryStatus,
-            ManifestWriterV2,
-        )
+        from pyiceberg.manifest import ManifestContent, ManifestWriterV2
         from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
-        from pyiceberg.typedef import Record
 
         class DeleteManifestWriter(ManifestWriterV2):
             def content(self) -> ManifestContent:
@@ -129,6 +143,30 @@ class MetadataWriter:
         cls = DeleteManifestWriter if deletes else ManifestWriterV2
         writer = cls(UNPARTITIONED_PARTITION_SPEC, schema, PyArrowFileIO().new_output(str(tmp)),
                      made_by, "deflate")  # fmt: skip
+        try:
+            self._write_entries(writer, files, made_by)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        manifest = writer.to_manifest_file()
+        record = [getattr(manifest, n) for n in _MANIFEST_FIELDS]
+        # A URI, as the spec has it (Trino resolves a bare path with no file system).
+        record[0], record[1] = f"file://{final}", tmp.stat().st_size
+        record[3], record[4] = int(record[3]), SEQUENCE
+        return self._stored(tmp, final, key, layout.table_id, "manifest", len(files),
+                            {"record": record})  # fmt: skip
+
+    @staticmethod
+    def _write_entries(writer: Any, files: Sequence[LaidFile], made_by: int) -> None:
+        from pyiceberg.manifest import (
+            DataFile,
+            DataFileContent,
+            FileFormat,
+            ManifestEntry,
+            ManifestEntryStatus,
+        )
+        from pyiceberg.typedef import Record
+
         with writer:
             for f in files:
                 content = (DataFileContent.POSITION_DELETES if f.content == POSITION_DELETES
@@ -146,14 +184,6 @@ class MetadataWriter:
                     status=ManifestEntryStatus.EXISTING, snapshot_id=made_by,
                     sequence_number=SEQUENCE, file_sequence_number=SEQUENCE, data_file=data_file,
                 ))  # fmt: skip
-        manifest = writer.to_manifest_file()
-        self.store.publish(tmp, final)
-        record = [getattr(manifest, n) for n in _MANIFEST_FIELDS]
-        # A URI, as the spec has it (Trino resolves a bare path with no file system).
-        record[0], record[1] = f"file://{final}", final.stat().st_size
-        record[3], record[4] = int(record[3]), SEQUENCE
-        stored = StoredFile(str(final), final.stat().st_size, len(files))
-        return self.store.put(key, layout.table_id, "manifest", [stored], {"record": record})
 
     # ------------------------------------------------------------------ snapshots
 
@@ -176,10 +206,13 @@ class MetadataWriter:
             sid = snapshot_id(layout.table_id, layout.version)
             tmp = self.store.temporary(layout.table_id, "metadata", ".avro")
             final = tmp.parent / f"snap-{sid}-{key[:16]}.avro"
-            with write_manifest_list(2, PyArrowFileIO().new_output(str(tmp)), sid, None,
-                                     layout.version + 1, "deflate") as out:  # fmt: skip
-                out.add_manifests(manifests)
-            self.store.publish(tmp, final)
+            try:
+                with write_manifest_list(2, PyArrowFileIO().new_output(str(tmp)), sid, None,
+                                         layout.version + 1, "deflate") as out:  # fmt: skip
+                    out.add_manifests(manifests)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
             info = SnapshotInfo(
                 layout.version,
                 layout.committed_at,
@@ -189,8 +222,7 @@ class MetadataWriter:
                 sum(f.record_count for s in layout.sources for f in s.data),
                 sorted({n for s in layout.sources for n in s.other_names}),
             )
-            stored = StoredFile(str(final), final.stat().st_size, 0)
-            self.store.put(key, layout.table_id, SNAPSHOT_FAMILY, [stored], info.__dict__)
+            self._stored(tmp, final, key, layout.table_id, SNAPSHOT_FAMILY, 0, info.__dict__)
             self.store.use(layout.table_id, layout.table, layout.version,
                            [key, *(self._manifest_keys(layout))])  # fmt: skip
             return info
@@ -230,9 +262,7 @@ class MetadataWriter:
                 tmp = self.store.temporary(layout.table_id, "metadata", ".json")
                 final = tmp.parent / f"v{layout.version}-{key[:16]}.metadata.json"
                 tmp.write_text(text)
-                self.store.publish(tmp, final)
-                hit = self.store.put(key, layout.table_id, "metadata",
-                                     [StoredFile(str(final), final.stat().st_size, 0)])  # fmt: skip
+                hit = self._stored(tmp, final, key, layout.table_id, "metadata")
             self.store.use(layout.table_id, layout.table, layout.version, [key])
         return body, f"file://{hit.files[0].path}"
 

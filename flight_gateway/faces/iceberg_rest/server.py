@@ -20,12 +20,24 @@ from typing import Any
 
 from flight_gateway.core.config import GatewayConfig, RestSettings
 from flight_gateway.core.slots import Slots
-from flight_gateway.faces.iceberg_rest.catalog import Request, RestCatalog, RestError, error_body
+from flight_gateway.faces.iceberg_rest.catalog import (
+    ALLOWED,
+    Request,
+    RestCatalog,
+    RestError,
+    error_body,
+)
 from flight_gateway.faces.iceberg_rest.metadata import MetadataWriter
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 64 * 1024
+#: What Tornado reads of a request's headers before it closes the connection unanswered
+#: (nothing of ours has run yet): headers past ``MAX_HEADER_BYTES`` and within this get 431.
+READ_HEADER_BYTES = 2 * MAX_HEADER_BYTES
+#: Tornado's own bound on a body, past which it answers a bare 400: far above ours, which the
+#: handler checks as the body arrives (discarded: the face reads no body) and answers 413.
+READ_BODY_BYTES = 1 << 30
 
 
 def certificate_name(cert: dict[str, Any] | None) -> str:
@@ -59,10 +71,38 @@ def _application(
     settings: RestSettings, settings_tls: ssl.SSLContext | None,
 ) -> Any:  # fmt: skip
     import tornado.web
+    from tornado.iostream import StreamClosedError
 
     in_flight = [0]
 
+    @tornado.web.stream_request_body
     class Handler(tornado.web.RequestHandler):
+        def prepare(self) -> None:
+            # Limits checked here, not by Tornado, so a request past them gets the error
+            # model; the connection closes once the answer is sent (its body unread).
+            self._received = 0
+            self.request.connection.set_max_body_size(READ_BODY_BYTES)  # type: ignore[union-attr]
+            length = self.request.headers.get("Content-Length", "")
+            if _header_bytes(self.request) > MAX_HEADER_BYTES:
+                self._refuse(431, "RequestHeaderFieldsTooLargeException",
+                             f"request headers past {MAX_HEADER_BYTES >> 10} KB")  # fmt: skip
+            elif length.isdigit() and int(length) > MAX_BODY_BYTES:
+                self._too_large()
+
+        def data_received(self, chunk: bytes) -> None:
+            self._received += len(chunk)  # discarded: no route takes a body
+            if self._received > MAX_BODY_BYTES and not self._finished:
+                self._too_large()
+
+        def _too_large(self) -> None:
+            self._refuse(413, "ContentTooLargeException",
+                         f"request body past {MAX_BODY_BYTES >> 10} KB: this catalog takes "
+                         "no request bodies (it is read-only)")  # fmt: skip
+
+        def _refuse(self, code: int, kind: str, message: str) -> None:
+            self.set_header("Connection", "close")
+            self._send(*error_body(RestError(code, kind, message)))
+
         async def _answer(self) -> None:
             if in_flight[0] >= settings.max_requests:
                 self._send(*error_body(RestError(
@@ -96,23 +136,24 @@ def _application(
 
         def write_error(self, status_code: int, **kwargs: Any) -> None:
             # Tornado's own errors (and ours past _answer) as the protocol's JSON, no trace.
-            reason = "internal error" if status_code >= 500 else self._reason
-            self._send(
-                status_code,
-                {
-                    "error": {
-                        "message": reason,
-                        "code": status_code,
-                        "type": "ServiceFailureException"
-                        if status_code >= 500
-                        else "BadRequestException",
-                    }
-                },
-            )
+            if status_code == 405:  # a method Tornado knows no handler method for (TRACE)
+                method = (self.request.method or "")[:20]
+                kind, reason = (
+                    "MethodNotAllowedException",
+                    (f"{method} is not a method of this resource: it allows {', '.join(ALLOWED)}"),
+                )
+            elif status_code >= 500:
+                kind, reason = "ServiceFailureException", "internal error"
+            else:
+                kind, reason = "BadRequestException", self._reason
+            self._send(status_code, {"error": {"message": reason, "code": status_code,
+                                               "type": kind}})  # fmt: skip
 
         def _send(self, code: int, body: dict[str, Any] | None) -> None:
             self.set_status(code)
             self.set_header("Content-Type", "application/json")
+            if code == 405:
+                self.set_header("Allow", ", ".join(ALLOWED))
             if body is not None and self.request.method != "HEAD":
                 self.finish(json.dumps(body))
             else:
@@ -121,9 +162,18 @@ def _application(
         get = head = post = put = delete = patch = options = _answer
 
         def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+            if isinstance(value, StreamClosedError):  # closed after a refusal (413, 431)
+                log.debug("iceberg rest: connection closed: %s", value)
+                return
             log.error("iceberg rest: %s", value, exc_info=(typ, value, tb))
 
     return tornado.web.Application([(r"/.*", Handler)], log_function=_access)
+
+
+def _header_bytes(request: Any) -> int:
+    """The size of a request's start line and headers as sent (near enough: CRLFs counted)."""
+    line = len(request.method or "") + len(request.uri or "") + len(request.version or "") + 4
+    return line + sum(len(k) + len(v) + 4 for k, v in request.headers.get_all())
 
 
 def is_load(path: str) -> bool:
@@ -188,8 +238,8 @@ class RestServer:
                 ssl_options=self.tls,
                 idle_connection_timeout=self.settings.header_timeout_s,
                 body_timeout=self.settings.header_timeout_s,
-                max_header_size=MAX_HEADER_BYTES,
-                max_body_size=MAX_BODY_BYTES,
+                max_header_size=READ_HEADER_BYTES,
+                max_body_size=READ_BODY_BYTES,
             )
             sockets = tornado.netutil.bind_sockets(port, host)
             server.add_sockets(sockets)
@@ -237,7 +287,7 @@ def mount(core: Any, config: GatewayConfig) -> RestServer:
         wait_s=settings.request_wait_s,
     )
     rest = RestCatalog(core.reads, config.token_store, layouts,
-                       MetadataWriter(store, settings.history), loads, answering)  # fmt: skip
+                       MetadataWriter(store, settings.history, layouts.sweep), loads, answering)  # fmt: skip
     server = RestServer(rest, settings, config.host, config.iceberg_rest_port or 0,
                         tls_context(config))  # fmt: skip
     scheme = "https" if config.tls_cert else "http"
