@@ -38,6 +38,9 @@ READ_HEADER_BYTES = 2 * MAX_HEADER_BYTES
 #: Tornado's own bound on a body, past which it answers a bare 400: far above ours, which the
 #: handler checks as the body arrives (discarded: the face reads no body) and answers 413.
 READ_BODY_BYTES = 1 << 30
+#: How much of a body past ``MAX_BODY_BYTES`` is read and dropped before the 413, so the
+#: answer is not lost to a reset; past it the 413 goes at once.
+DRAIN_BYTES = 1 << 20
 
 
 def certificate_name(cert: dict[str, Any] | None) -> str:
@@ -79,31 +82,40 @@ def _application(
     class Handler(tornado.web.RequestHandler):
         def prepare(self) -> None:
             # Limits checked here, not by Tornado, so a request past them gets the error
-            # model; the connection closes once the answer is sent (its body unread).
+            # model. A body past MAX_BODY_BYTES is read (and dropped) up to DRAIN_BYTES before
+            # the 413: a connection closed with a body unread is reset, and the reset can
+            # reach the client before it reads the answer. Past DRAIN_BYTES the answer goes at
+            # once and the connection closes.
             self._received = 0
             self.request.connection.set_max_body_size(READ_BODY_BYTES)  # type: ignore[union-attr]
             length = self.request.headers.get("Content-Length", "")
             if _header_bytes(self.request) > MAX_HEADER_BYTES:
                 self._refuse(431, "RequestHeaderFieldsTooLargeException",
                              f"request headers past {MAX_HEADER_BYTES >> 10} KB")  # fmt: skip
-            elif length.isdigit() and int(length) > MAX_BODY_BYTES:
-                self._too_large()
+            elif length.isdigit() and int(length) > DRAIN_BYTES:
+                self._too_large(close=True)
 
         def data_received(self, chunk: bytes) -> None:
-            self._received += len(chunk)  # discarded: no route takes a body
-            if self._received > MAX_BODY_BYTES and not self._finished:
-                self._too_large()
+            self._received += len(chunk)  # dropped: no route takes a body
+            if self._received > DRAIN_BYTES and not self._finished:
+                self._too_large(close=True)
 
-        def _too_large(self) -> None:
-            self._refuse(413, "ContentTooLargeException",
-                         f"request body past {MAX_BODY_BYTES >> 10} KB: this catalog takes "
-                         "no request bodies (it is read-only)")  # fmt: skip
+        def _too_large(self, close: bool) -> None:
+            error = RestError(413, "ContentTooLargeException",
+                              f"request body past {MAX_BODY_BYTES >> 10} KB: this catalog takes "
+                              "no request bodies (it is read-only)")  # fmt: skip
+            if close:
+                self.set_header("Connection", "close")
+            self._send(*error_body(error))
 
         def _refuse(self, code: int, kind: str, message: str) -> None:
             self.set_header("Connection", "close")
             self._send(*error_body(RestError(code, kind, message)))
 
         async def _answer(self) -> None:
+            if self._received > MAX_BODY_BYTES:  # read whole (within DRAIN_BYTES): no reset
+                self._too_large(close=False)
+                return
             if in_flight[0] >= settings.max_requests:
                 self._send(*error_body(RestError(
                     503, "SlowDownException",
