@@ -21,6 +21,16 @@ from flight_gateway.protocol.errors import AlreadyExists, InvalidArgument
 log = logging.getLogger(__name__)
 
 
+def _created_by(conn: Connection, table_id: int, commit_id: str) -> bool:
+    """Whether the table's version 0 (its creation, while kept) has ``commit_id``."""
+    row = conn.execute(
+        select(versions.c.commit_id).where(
+            (versions.c.table_id == table_id) & (versions.c.version == 0)
+        )
+    ).first()
+    return row is not None and row[0] == commit_id
+
+
 def _insert_table(
     conn: Connection,
     name: str,
@@ -88,9 +98,14 @@ def create_table(
                 raise InvalidArgument(f"{what} column {c!r} is not in the schema of {name!r}")
     props = dict(properties or {})
     check_json(props, "properties")
+    if commit_id is not None and (not commit_id or len(commit_id) > 256):
+        raise InvalidArgument("commit_id must be a non-empty string of at most 256 chars")
     try:
         with write_tx(engine) as conn:
-            if conn.execute(select(tables.c.id).where(tables.c.name == name)).first():
+            found = conn.execute(select(tables.c.id).where(tables.c.name == name)).first()
+            if found is not None:
+                if commit_id and _created_by(conn, found[0], commit_id):
+                    return CommitResult(0, False, 0)  # a retry of the create that made it
                 raise AlreadyExists(f"table {name!r} already exists")
             _insert_table(conn, name, sch, partition_by, primary_key, props, commit_id)
     except IntegrityError as e:

@@ -82,8 +82,9 @@ def create_table(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str,
         partition_by=body.get("partition_by") or (),
         primary_key=body.get("primary_key") or (),
         properties=body.get("properties"),
+        commit_id=body.get("commit_id"),
     )
-    return {"table": table, "version": res.version}
+    return {"table": table, "version": res.version, "applied": res.applied}
 
 
 def drop_table(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, Any]:

@@ -118,7 +118,7 @@ TABLE: tuple[Action, ...] = (
            "publish an engine write: table, write_id, source?, paths, overwrite?, relocation?, "
            "rows?, lock_id?, read_version? (a rewrite: replaces what that version held), "
            "replaces? (a bin-pack rewrite: only these of its files)",
-           (_TABLE, _req("write_id", _STR), _opt("source", _STR), _opt("paths", _LIST),
+           (_TABLE, _req("write_id", _STR), _opt("source", _STR), _req("paths", _LIST),
             _opt("overwrite", _BOOL), _opt("relocation", _BOOL), _opt("rows", _INT),
             _opt("lock_id", _STR), _opt("fencing_token", _INT), _opt("read_version", _INT),
             _opt("replaces", _LIST)),

@@ -5,6 +5,11 @@ PERMISSION_DENIED, UNAVAILABLE, UNIMPLEMENTED and INTERNAL, but no Arrow status 
 FAILED_PRECONDITION or ALREADY_EXISTS. Those travel as FlightServerError (gRPC UNKNOWN) whose
 message starts with ``[FAILED_PRECONDITION]`` / ``[ALREADY_EXISTS]`` and whose ``extra_info`` is
 ``{"code": ...}``; the Python client turns them back into typed errors.
+
+GetSchema is worse off: pyarrow's server callback for it does not translate Flight errors at
+all (apache/arrow#43556), so every status but INVALID_ARGUMENT and NOT_FOUND would arrive as a
+bare UNKNOWN. Its errors travel the same way (``prefixed``), and the client's GetSchema, which
+raises a plain ``ArrowException`` for them, reads the prefix too.
 """
 
 from __future__ import annotations
@@ -25,25 +30,42 @@ _BY_STATUS: dict[str, type[E.HarnessError]] = {
     "UNAUTHORIZED": E.Unauthorized,
     "UNAVAILABLE": E.Unavailable,
     "RESOURCE_EXHAUSTED": E.ResourceExhausted,
+    "DEADLINE_EXCEEDED": E.TimedOut,
+    "CANCELLED": E.Cancelled,
 }
 
 
-def to_flight_error(err: E.HarnessError) -> Exception:
+#: Statuses with a Flight error of their own (the rest travel as a prefixed FlightServerError).
+_TYPED: dict[str, type[fl.FlightError]] = {
+    "UNAUTHENTICATED": fl.FlightUnauthenticatedError,
+    "UNAUTHORIZED": fl.FlightUnauthorizedError,
+    "UNAVAILABLE": fl.FlightUnavailableError,
+    "DEADLINE_EXCEEDED": fl.FlightTimedOutError,
+    "CANCELLED": fl.FlightCancelledError,
+}
+
+
+#: Flight status names as pyarrow writes them after ". Detail: " in an error it raises untyped.
+_DETAILS: dict[str, type[E.HarnessError]] = {
+    "Unauthenticated": E.Unauthenticated,
+    "Unauthorized": E.Unauthorized,
+    "Unavailable": E.Unavailable,
+    "TimedOut": E.TimedOut,
+    "Cancelled": E.Cancelled,
+}
+
+
+def to_flight_error(err: E.HarnessError, prefixed: bool = False) -> Exception:
+    """The Flight error ``err`` travels as; ``prefixed``: every status but INVALID_ARGUMENT and
+    NOT_FOUND as a message prefix (for GetSchema, module docstring)."""
     msg = str(err)
     if isinstance(err, E.InvalidArgument):
         return pa.ArrowInvalid(msg)
     if isinstance(err, E.NotFound):
         return pa.ArrowKeyError(msg)
-    if isinstance(err, E.Unauthenticated):
-        return fl.FlightUnauthenticatedError(msg)
-    if isinstance(err, E.Unauthorized):
-        return fl.FlightUnauthorizedError(msg)
-    if isinstance(err, E.Unavailable):
-        return fl.FlightUnavailableError(msg)
-    if isinstance(err, E.TimedOut):
-        return fl.FlightTimedOutError(msg)
-    if isinstance(err, E.Cancelled):
-        return fl.FlightCancelledError(msg)
+    typed = None if prefixed else _TYPED.get(type(err).status)
+    if typed is not None:
+        return typed(msg)
     kind = (
         "lock_expired"
         if isinstance(err, E.LockExpired)
@@ -76,7 +98,7 @@ def _clean(msg: str) -> str:
 def from_flight_error(exc: Exception) -> Exception:
     """The typed harness error a Flight error stands for (or ``exc`` itself)."""
     msg = _clean(str(exc))
-    if isinstance(exc, fl.FlightServerError):
+    if isinstance(exc, fl.FlightServerError) or not isinstance(exc, fl.FlightError):
         for status, cls in _BY_STATUS.items():
             prefix = f"[{status}] "
             if prefix in msg:
@@ -89,6 +111,10 @@ def from_flight_error(exc: Exception) -> Exception:
                     if "lock_unavailable" in str(getattr(exc, "extra_info", b"")):
                         return E.LockUnavailable(text)
                 return cls(text)
+    if not isinstance(exc, fl.FlightError):  # GetSchema's client: the Flight status as text
+        detail = str(exc).partition(". Detail: ")[2].partition(".")[0]
+        if detail in _DETAILS:
+            return _DETAILS[detail](msg)
     if isinstance(exc, fl.FlightUnauthenticatedError):
         return E.Unauthenticated(msg)
     if isinstance(exc, fl.FlightUnauthorizedError):

@@ -137,6 +137,37 @@ def test_action_errors_map_to_codes(table: HarnessClient) -> None:
         table.action("harness.no_such_action")
 
 
+def test_create_table_takes_its_commit_id(table: HarnessClient) -> None:
+    """``harness.create_table`` listed ``commit_id`` but dropped it (the history showed
+    ``create-<uuid>``, and a retry was ALREADY_EXISTS): now it is the creation's commit id, and
+    the same create sent again answers ``applied: false``; another id still ALREADY_EXISTS."""
+    body = {"table": "c", "schema": SCHEMA, "commit_id": "make-c-1"}
+    first = table.action("harness.create_table", body)
+    assert first == {"table": "c", "version": 0, "applied": True}
+    assert table.history("c")[-1].commit_id == "make-c-1"
+    again = table.action("harness.create_table", body)
+    assert again == {"table": "c", "version": 0, "applied": False}
+    with pytest.raises(AlreadyExists):
+        table.action("harness.create_table", {**body, "commit_id": "make-c-2"})
+    with pytest.raises(AlreadyExists):
+        table.action("harness.create_table", {k: v for k, v in body.items() if k != "commit_id"})
+    with pytest.raises(InvalidArgument, match="commit_id"):
+        table.action("harness.create_table", {**body, "table": "d", "commit_id": "x" * 257})
+
+
+def test_commit_write_needs_paths(table: HarnessClient) -> None:
+    """A ``commit_write`` without ``paths`` committed no files, and with ``overwrite`` a new
+    version whose source held nothing; now INVALID_ARGUMENT naming the field, nothing
+    committed (an explicit ``[]`` still says "no files")."""
+    version = table.describe("t").version
+    begun = table.begin_write("t", "f")
+    with pytest.raises(InvalidArgument, match="paths"):
+        table.action("harness.commit_write", {"table": "t", "write_id": begun["write_id"],
+                                              "source": "f", "overwrite": True})  # fmt: skip
+    assert table.describe("t").version == version
+    table.abort_write("t", begun["write_id"], "f")
+
+
 def test_describe_redacts_secrets(table: HarnessClient, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HARNESS_SECRET_TOKEN", "s3cr3t-value")
     table.add_source(
@@ -212,3 +243,32 @@ def test_bearer_auth(tmp_path: Path) -> None:
             anon.read_endpoint(info.endpoints[0]).read_all()
         for c in (anon, bad, reader, writer):
             c.close()
+
+
+def test_get_schema_errors_keep_their_status(tmp_path: Path) -> None:
+    """pyarrow's server sent every GetSchema error but INVALID_ARGUMENT and NOT_FOUND as a bare
+    UNKNOWN, and the client raised a plain ArrowException("Unknown error"): a caller could not
+    tell a refusal from a failure. The status now travels in the message (``[UNAUTHORIZED] ...``)
+    and the client raises the typed error."""
+    tokens = {"admin-token": {"name": "admin", "admin": ["*"]},
+              "reader-token": {"name": "reader", "read": ["other"]}}  # fmt: skip
+    with running_gateway(
+        f"sqlite:///{tmp_path / 'c.db'}", allow_anonymous=False, tokens=tokens,
+        reach={"paths": [str(tmp_path)]},
+    ) as (server, _):  # fmt: skip
+        admin, reader = client_for(server, "admin-token"), client_for(server, "reader-token")
+        admin.create_table("t", SCHEMA)
+        with pytest.raises(Unauthorized, match="'reader' may not read table 't'"):
+            reader.schema("t")
+        with pytest.raises(Unauthenticated):
+            client_for(server, token="wrong").schema("t")
+        with pytest.raises(NotFound):
+            admin.schema("missing")
+        raw = fl.connect(f"grpc://127.0.0.1:{server.port}")
+        options = fl.FlightCallOptions(headers=[(b"authorization", b"Bearer reader-token")])
+        with pytest.raises(pa.ArrowException, match=r"\[UNAUTHORIZED\] 'reader' may not read"):
+            raw.get_schema(fl.FlightDescriptor.for_command(b'{"table": "t"}'), options)
+        raw.close()
+        assert admin.schema("t").names == [f["name"] for f in SCHEMA]
+        admin.close()
+        reader.close()

@@ -88,7 +88,9 @@ def begin_write(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, 
 
 
 def _paths(body: Mapping[str, Any]) -> list[str]:
-    paths = body.get("paths") or []
+    # Required (the action table): a body that left it out committed no files, and with
+    # ``overwrite`` emptied the source. An explicit [] still means "no files".
+    paths = body["paths"]
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise InvalidArgument("'paths' must be a list of the files the write made")
     return paths

@@ -47,18 +47,19 @@ def _clean(text: str) -> str:
     return text
 
 
-def _wire(e: HarnessError) -> Exception:
-    return to_flight_error(type(e)(_clean(str(e))))
+def _wire(e: HarnessError, method: str) -> Exception:
+    # GetSchema's errors carry their status in the message (protocol.flight_errors).
+    return to_flight_error(type(e)(_clean(str(e))), prefixed=method == "get_schema")
 
 
 def _on_the_wire(method: str, e: BaseException) -> BaseException:
     """The exception a handler's failure becomes on the wire."""
     if isinstance(e, HarnessError):
         log.info("%s: %s: %s", method, type(e).__name__, scrub(str(e)))
-        return _wire(e)
+        return _wire(e, method)
     if isinstance(e, OperationalError):
         log.warning("%s: catalog unavailable: %s", method, scrub(str(e)))
-        return _wire(Unavailable("harness catalog unavailable"))
+        return _wire(Unavailable("harness catalog unavailable"), method)
     if isinstance(e, NotImplementedError):
         return NotImplementedError(_clean(str(e)))
     if isinstance(e, fl.FlightError) or not isinstance(e, Exception):
@@ -66,7 +67,7 @@ def _on_the_wire(method: str, e: BaseException) -> BaseException:
     if isinstance(e, pa.ArrowException):
         return type(e)(_clean(str(e)))
     if isinstance(e, RecursionError):  # deeply nested JSON or filters: the caller's doing
-        return _wire(InvalidArgument("request is nested too deeply"))
+        return _wire(InvalidArgument("request is nested too deeply"), method)
     log.error("%s failed", method, exc_info=e)
     return fl.FlightInternalError(f"internal error: {type(e).__name__}: {_clean(str(e))}")
 
@@ -141,7 +142,7 @@ def stream_errors(
                 for batch in reader:
                     yield from wire_sized(batch)
         except HarnessError as e:
-            raise _wire(e) from None
+            raise _wire(e, "do_get") from None
         except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)
             raise type(e)(_clean(str(e))) from None
         finally:
