@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight_gateway.protocol.errors import InvalidArgument, NotFound, Unavailable
+from flight_gateway.protocol.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from planners.common import to_physical
 from planners.kind import Additive
 from planners.postgres import PostgresConfig
@@ -80,6 +80,22 @@ def _missing(e: Exception, config: PostgresConfig, source: str) -> Exception:
     return Unavailable(f"source {source!r}: PostgreSQL: {str(e).splitlines()[0]}")
 
 
+def _refused(e: Exception, source: str) -> Exception:
+    """The caller's rows refused by the table (a key already there, a NULL in a NOT NULL
+    column, a CHECK, a value out of its type's range): the caller's doing, not the gateway's
+    (it was INTERNAL). The server's own message and detail (the key), not its CONTEXT, which
+    quotes the whole row."""
+    import psycopg
+
+    diag = getattr(e, "diag", None)
+    text = (getattr(diag, "message_primary", None) or str(e).splitlines()[0]).strip()
+    detail = getattr(diag, "message_detail", None)
+    text += f" ({detail.strip()})" if detail else ""
+    if isinstance(e, psycopg.errors.UniqueViolation):
+        return AlreadyExists(f"source {source!r}: a row with that key is there already: {text}")
+    return InvalidArgument(f"source {source!r}: the table refused the rows: {text}")
+
+
 def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[Any], None]) -> str:
     """Run ``write(conn)`` and log ``commit_id`` in one transaction unless the log has it
     already (a retry writes nothing), then return the server clock as the next ``as_of`` (the
@@ -114,6 +130,8 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
                     write(conn)
                 except psycopg.errors.UndefinedTable as e:
                     raise _missing(e, config, source) from None
+                except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as e:
+                    raise _refused(e, source) from None
                 conn.execute(
                     "INSERT INTO harness_doput_log (commit_id, source) VALUES (%s, %s)",
                     (entry, source),
@@ -122,7 +140,7 @@ def _once(config: PostgresConfig, source: str, commit_id: str, write: Callable[[
 
     try:
         return PLANNING.run(
-            config.dsn, work, own=(InvalidArgument, NotFound, Unavailable, psycopg.errors.DataError)
+            config.dsn, work, own=(InvalidArgument, NotFound, AlreadyExists, Unavailable)
         )
     except psycopg.OperationalError as e:  # the server, not the caller: UNAVAILABLE, retried
         raise Unavailable(f"source {source!r}: PostgreSQL unavailable: {e}") from None

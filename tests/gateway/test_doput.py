@@ -166,3 +166,28 @@ def test_put_to_named_source_checks_partition(client: HarnessClient, routed: dic
         client.put("t", batch(0, 4), source="files")
     client.put("t", pa.table({"id": [7], "region": ["files"]}), source="files")
     assert counts(client)["files"] == 1
+
+
+def test_rows_the_postgres_table_refuses_are_the_callers_error(
+    client: HarnessClient, routed: dict
+) -> None:
+    """A key already in the table, or a value its CHECK refuses, failed the DoPut as INTERNAL
+    (psycopg's UniqueViolation, logged as a gateway bug, and counted under a metric status of
+    its own type name); now ALREADY_EXISTS and INVALID_ARGUMENT, nothing committed."""
+    from flight_gateway.core.metrics import status_of
+    from flight_gateway.protocol.errors import AlreadyExists
+
+    with psycopg.connect(routed["pg_dsn"], autocommit=True) as conn:
+        conn.execute(f'ALTER TABLE "{routed["pg"]}" ADD PRIMARY KEY (id)')
+        conn.execute(f'ALTER TABLE "{routed["pg"]}" ADD CHECK (v >= 0)')
+    row = pa.table({"id": [2], "region": ["postgres"], "v": [1.0]}, schema=ARROW)
+    client.put("t", row, source="postgres")
+    before = client.describe("t")
+    with pytest.raises(AlreadyExists, match=r"Key \(id\)=\(2\) already exists"):
+        client.put("t", row, source="postgres", commit_id=f"again-{uuid.uuid4().hex}")
+    negative = pa.table({"id": [6], "region": ["postgres"], "v": [-1.0]}, schema=ARROW)
+    with pytest.raises(InvalidArgument, match="check constraint"):
+        client.put("t", negative, source="postgres")
+    assert client.describe("t") == before
+    assert counts(client)["postgres"] == 1
+    assert status_of(psycopg.errors.UniqueViolation("x")) == "INTERNAL"  # a bug's label
