@@ -176,6 +176,14 @@ def enable_versioning(
         conn.execute(
             f"CREATE INDEX IF NOT EXISTS {quote_ident(history + '_period')} ON {s}.{h} USING gist (sys_period)"
         )
+        # Rows written since an instant (a read that extends the rows it kept at an earlier
+        # as_of, ``planners.postgres.cache``) are found by this index instead of a scan of
+        # the whole table per read: 22 ms -> 0.2 ms of the server's time at 250 k rows, for
+        # 0.08 ms more per 100 rows inserted (docs/operations.md, 2026-12-05 afternoon).
+        conn.execute(
+            f"CREATE INDEX IF NOT EXISTS {quote_ident(table + '_written')} ON {s}.{t} "
+            "(lower(sys_period))"
+        )
         _upgrade_schema(conn, schema)
         _close_trigger(conn, schema, f"{s}.{h}")
         conn.execute(f"DROP TRIGGER IF EXISTS harness_versioning ON {s}.{t}")
