@@ -18,9 +18,36 @@ from flight_gateway.cli.output import Progress, emit, table_text
 from flight_gateway.protocol.errors import InvalidArgument
 
 
+def _pem(path: str | None, flag: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise InvalidArgument(f"{flag}: cannot read {path!r}: {e.strerror or e}") from e
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, bytes]:
+    """The client's TLS keyword arguments from ``--tls-ca/--tls-cert/--tls-key`` (or their
+    environment variables); refused rather than ignored where they cannot take effect."""
+    given = {
+        "tls_root_certs": _pem(args.tls_ca, "--tls-ca"),
+        "tls_cert_chain": _pem(args.tls_cert, "--tls-cert"),
+        "tls_private_key": _pem(args.tls_key, "--tls-key"),
+    }
+    if (given["tls_cert_chain"] is None) != (given["tls_private_key"] is None):
+        raise InvalidArgument("--tls-cert and --tls-key go together (mutual TLS)")
+    options = {k: v for k, v in given.items() if v is not None}
+    if options and not args.uri.startswith("grpc+tls://"):
+        raise InvalidArgument(
+            f"--tls-ca/--tls-cert/--tls-key need a grpc+tls:// --uri, not {args.uri!r}"
+        )
+    return options
+
+
 @contextmanager
 def connect(args: argparse.Namespace) -> Iterator[HarnessClient]:
-    client = HarnessClient(args.uri, token=args.token)
+    client = HarnessClient(args.uri, token=args.token, **tls_options(args))
     try:
         yield client
     finally:
