@@ -19,7 +19,7 @@ from flight_gateway.protocol.errors import InvalidArgument
 
 
 def _pem(path: str | None, flag: str) -> bytes | None:
-    if path is None:
+    if not path:  # unset, or an empty environment variable
         return None
     try:
         return Path(path).read_bytes()
@@ -27,27 +27,27 @@ def _pem(path: str | None, flag: str) -> bytes | None:
         raise InvalidArgument(f"{flag}: cannot read {path!r}: {e.strerror or e}") from e
 
 
-def tls_options(args: argparse.Namespace) -> dict[str, bytes]:
-    """The client's TLS keyword arguments from ``--tls-ca/--tls-cert/--tls-key`` (or their
+def tls_files(args: argparse.Namespace) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """(CA, client certificate, client key) from ``--tls-ca/--tls-cert/--tls-key`` (or their
     environment variables); refused rather than ignored where they cannot take effect."""
-    given = {
-        "tls_root_certs": _pem(args.tls_ca, "--tls-ca"),
-        "tls_cert_chain": _pem(args.tls_cert, "--tls-cert"),
-        "tls_private_key": _pem(args.tls_key, "--tls-key"),
-    }
-    if (given["tls_cert_chain"] is None) != (given["tls_private_key"] is None):
+    ca = _pem(args.tls_ca, "--tls-ca")
+    cert = _pem(args.tls_cert, "--tls-cert")
+    key = _pem(args.tls_key, "--tls-key")
+    if (cert is None) != (key is None):
         raise InvalidArgument("--tls-cert and --tls-key go together (mutual TLS)")
-    options = {k: v for k, v in given.items() if v is not None}
-    if options and not args.uri.startswith("grpc+tls://"):
+    if (ca or cert) and not args.uri.startswith("grpc+tls://"):
         raise InvalidArgument(
             f"--tls-ca/--tls-cert/--tls-key need a grpc+tls:// --uri, not {args.uri!r}"
         )
-    return options
+    return ca, cert, key
 
 
 @contextmanager
 def connect(args: argparse.Namespace) -> Iterator[HarnessClient]:
-    client = HarnessClient(args.uri, token=args.token, **tls_options(args))
+    ca, cert, key = tls_files(args)
+    client = HarnessClient(
+        args.uri, token=args.token, tls_root_certs=ca, tls_cert_chain=cert, tls_private_key=key
+    )
     try:
         yield client
     finally:
