@@ -43,7 +43,9 @@ def _common() -> argparse.ArgumentParser:
         ("--tls-key", "HARNESS_TLS_KEY", "PEM file of the private key of --tls-cert"),
     ]
     for flag, env, text in tls:
-        common.add_argument(flag, default=os.environ.get(env), help=f"{text} (env {env})")
+        common.add_argument(
+            flag, default=os.environ.get(env), metavar="FILE", help=f"{text} (env {env})"
+        )
     common.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     return common
 
