@@ -31,3 +31,4 @@ def test_example_runs(
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert f"{example} example: OK" in out.stderr + out.stdout
+    assert "Loaded FileIO" not in out.stderr + out.stdout  # pyiceberg's INFO lines, quieted

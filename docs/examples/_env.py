@@ -89,6 +89,8 @@ def environment(*, catalog_in_postgres: bool = False) -> Iterator[Env]:
     logging.getLogger("flight_gateway").setLevel(logging.WARNING)
     logging.getLogger("pipelines").setLevel(logging.WARNING)
     logging.getLogger("pypaimon").setLevel(logging.WARNING)
+    # pyiceberg logs "Loaded FileIO: ..." at INFO for every table it opens (~50 per run).
+    logging.getLogger("pyiceberg").setLevel(logging.WARNING)
     with session_server(PG_ADMIN) as pg, _scratch_database() as pg_dsn:
         logging.getLogger("examples").info("%s", pg.describe())
         with tempfile.TemporaryDirectory() as tmp, local_broker() as bootstrap:

@@ -1,9 +1,11 @@
 """``harness-gateway``: one command line for operators and users.
 
 Server side: ``serve``, ``maintain``, and the sub-commands source kinds add (e.g.
-``postgres enable-versioning``). Client side (a running gateway, ``--uri``/``HARNESS_URI`` and
-``--token``/``HARNESS_TOKEN``; ``--json`` for scripts): ``tables``, ``describe``, ``history``,
-``read``, ``lock``/``unlock``/``locks``, ``commit``, ``expire``, ``apply``.
+``postgres enable-versioning``). Client side (a running gateway, ``--uri``/``HARNESS_URI``,
+``--token``/``HARNESS_TOKEN``, and for TLS ``--tls-ca``/``HARNESS_TLS_CA``,
+``--tls-cert``/``HARNESS_TLS_CERT`` and ``--tls-key``/``HARNESS_TLS_KEY``; ``--json`` for
+scripts): ``tables``, ``describe``, ``history``, ``read``, ``lock``/``unlock``/``locks``,
+``commit``, ``expire``, ``apply``.
 Errors print one line on stderr and exit with status 1 (2 for usage errors).
 """
 
@@ -33,6 +35,17 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--token", default=os.environ.get("HARNESS_TOKEN"), help="bearer token (env HARNESS_TOKEN)"
     )
+    # A gateway whose certificate a private CA signed, or that requires client certificates
+    # (mutual TLS), cannot be reached with the system's roots alone.
+    tls = [
+        ("--tls-ca", "HARNESS_TLS_CA", "PEM file of the CA that signed the gateway's certificate"),
+        ("--tls-cert", "HARNESS_TLS_CERT", "PEM file of this client's certificate (mutual TLS)"),
+        ("--tls-key", "HARNESS_TLS_KEY", "PEM file of the private key of --tls-cert"),
+    ]
+    for flag, env, text in tls:
+        common.add_argument(
+            flag, default=os.environ.get(env), metavar="FILE", help=f"{text} (env {env})"
+        )
     common.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     return common
 

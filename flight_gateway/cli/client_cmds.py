@@ -18,9 +18,36 @@ from flight_gateway.cli.output import Progress, emit, table_text
 from flight_gateway.protocol.errors import InvalidArgument
 
 
+def _pem(path: str | None, flag: str) -> bytes | None:
+    if not path:  # unset, or an empty environment variable
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise InvalidArgument(f"{flag}: cannot read {path!r}: {e.strerror or e}") from e
+
+
+def tls_files(args: argparse.Namespace) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """(CA, client certificate, client key) from ``--tls-ca/--tls-cert/--tls-key`` (or their
+    environment variables); refused rather than ignored where they cannot take effect."""
+    ca = _pem(args.tls_ca, "--tls-ca")
+    cert = _pem(args.tls_cert, "--tls-cert")
+    key = _pem(args.tls_key, "--tls-key")
+    if (cert is None) != (key is None):
+        raise InvalidArgument("--tls-cert and --tls-key go together (mutual TLS)")
+    if (ca or cert) and not args.uri.startswith("grpc+tls://"):
+        raise InvalidArgument(
+            f"--tls-ca/--tls-cert/--tls-key need a grpc+tls:// --uri, not {args.uri!r}"
+        )
+    return ca, cert, key
+
+
 @contextmanager
 def connect(args: argparse.Namespace) -> Iterator[HarnessClient]:
-    client = HarnessClient(args.uri, token=args.token)
+    ca, cert, key = tls_files(args)
+    client = HarnessClient(
+        args.uri, token=args.token, tls_root_certs=ca, tls_cert_chain=cert, tls_private_key=key
+    )
     try:
         yield client
     finally:

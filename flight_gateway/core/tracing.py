@@ -23,6 +23,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 _tracer: Any = None
+_provider: Any = None
 
 
 def enabled() -> bool:
@@ -43,15 +44,21 @@ def _exporter(settings: Mapping[str, Any]) -> Any:
         return OTLPSpanExporter(endpoint=str(endpoint)) if endpoint else OTLPSpanExporter()
     if kind == "file":
         out = open(str(settings["path"]), "a")  # noqa: SIM115 - lives as long as the exporter
-        return ConsoleSpanExporter(out=out)
+        # One JSON object per line (the console's default is indented, many lines per span),
+        # so the file can be read line by line like the JSON logs.
+        return ConsoleSpanExporter(out=out, formatter=_json_line)
     if kind == "console":
         return ConsoleSpanExporter()
     raise ValueError(f"tracing.exporter must be otlp, console or file, not {kind!r}")
 
 
+def _json_line(span: Any) -> str:
+    return str(span.to_json(indent=None)) + "\n"
+
+
 def configure(settings: Mapping[str, Any] | None = None, exporter: Any = None) -> None:
     """Turn tracing on with the configured exporter (or ``exporter``, e.g. an in-memory one)."""
-    global _tracer
+    global _tracer, _provider
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -61,13 +68,16 @@ def configure(settings: Mapping[str, Any] | None = None, exporter: Any = None) -
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
         provider.add_span_processor(BatchSpanProcessor(_exporter(settings or {})))
-    _tracer = provider.get_tracer("dataharness.gateway")
+    _tracer, _provider = provider.get_tracer("dataharness.gateway"), provider
     _install_log_trace_ids()
 
 
 def disable() -> None:
-    global _tracer
-    _tracer = None
+    """Stop tracing; spans still queued for the exporter are exported first."""
+    global _tracer, _provider
+    if _provider is not None:
+        _provider.shutdown()
+    _tracer = _provider = None
 
 
 @contextlib.contextmanager

@@ -727,7 +727,7 @@ class PostgresKind(SourceKind):
         return {"upgraded": upgraded}
 
     def add_commands(self, subparsers: Any) -> None:
-        from planners.postgres.versioning import add_commands
+        from planners.postgres.commands import add_commands
 
         add_commands(subparsers)
 

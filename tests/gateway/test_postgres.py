@@ -200,6 +200,17 @@ def test_cli_enable_versioning(pg_dsn: str) -> None:
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"public.{name} is system-versioned"), out.stdout
+    assert len(out.stdout.splitlines()) == 1
+    upgrade = subprocess.run(
+        [sys.executable, "-m", "flight_gateway.cli", "postgres", "upgrade-versioning", pg_dsn],
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert upgrade.stdout.startswith("nothing to upgrade"), upgrade.stdout
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f'INSERT INTO "{name}" VALUES (1)')
         conn.execute(f'DELETE FROM "{name}"')

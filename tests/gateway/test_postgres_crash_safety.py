@@ -254,6 +254,7 @@ def test_older_installation_is_upgraded_in_place(
                                  env={**os.environ, "PYTHONPATH": str(root)},
                                  capture_output=True, text=True, timeout=60)  # fmt: skip
             assert out.returncode == 0, out.stderr
+            assert out.stdout.startswith("versioning upgraded to") and pg_table in out.stdout
             assert upgrade_versioning(conn) == []  # idempotent
         elif how == "doput":
             client.put(table, pa.table({"id": [11], "name": ["put"], "qty": [11]}))

@@ -129,3 +129,49 @@ def test_mutual_tls_maps_the_certificate_to_a_principal(certs: Path, tmp_path: P
             stranger.list_tables()  # a valid certificate that maps to no principal
         with _client(server, certs, None) as no_cert, pytest.raises(Unavailable):
             no_cert.list_tables()  # the TLS handshake itself fails
+
+
+def test_cli_reaches_a_private_ca_and_mutual_tls_gateway(
+    certs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``harness-gateway`` with ``--tls-ca`` (or HARNESS_TLS_CA) trusts a private CA, and with
+    ``--tls-cert``/``--tls-key`` (or their variables) presents a client certificate."""
+    from flight_gateway.cli import main
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    ca, cert, key = (str(certs / n) for n in ("ca.pem", "client.pem", "client.key"))
+    tls = {"tls_cert": str(certs / "server.pem"), "tls_key": str(certs / "server.key")}
+    with running_gateway(f"sqlite:///{tmp_path / 'a.db'}", **tls) as (server, _):
+        uri = f"grpc+tls://127.0.0.1:{server.port}"
+        with _client(server, certs, None) as c:
+            c.create_table("t", [{"name": "id", "type": "int64"}])
+        code, _, err = cli("tables", "--uri", uri)  # the system's roots do not know the CA
+        assert code == 1 and err.startswith("harness-gateway tables:")
+        assert cli("tables", "--uri", uri, "--tls-ca", ca) == (0, "t\n", "")
+        monkeypatch.setenv("HARNESS_TLS_CA", ca)
+        assert cli("tables", "--uri", uri) == (0, "t\n", "")
+        code, _, err = cli("tables", "--uri", uri.replace("+tls", ""))  # TLS options, no TLS
+        assert code == 1 and "need a grpc+tls://" in err
+    mutual = {
+        **tls,
+        "tls_client_ca": ca,
+        "certs": {"spark-job": {"name": "spark-job", "read": ["t"]}},
+        "tokens": {"admin-token": {"name": "admin", "admin": ["*"]}},
+        "allow_anonymous": False,
+    }
+    with running_gateway(f"sqlite:///{tmp_path / 'm.db'}", **mutual) as (server, _):
+        uri = f"grpc+tls://127.0.0.1:{server.port}"
+        with _client(server, certs, "client", token="admin-token") as admin:
+            admin.create_table("t", [{"name": "id", "type": "int64"}])
+        code, _, err = cli("tables", "--uri", uri)  # HARNESS_TLS_CA only: no certificate
+        assert code == 1 and err.startswith("harness-gateway tables:")
+        assert cli("tables", "--uri", uri, "--tls-cert", cert, "--tls-key", key) == (0, "t\n", "")
+        monkeypatch.setenv("HARNESS_TLS_CERT", cert)
+        monkeypatch.setenv("HARNESS_TLS_KEY", key)
+        assert cli("tables", "--uri", uri) == (0, "t\n", "")  # the certificate's principal
+        code, _, err = cli("tables", "--uri", uri, "--tls-key", str(certs / "missing.key"))
+        assert code == 1 and "--tls-key: cannot read" in err
