@@ -86,13 +86,13 @@ class RestSettings:
     #: Requests being answered at once; more are answered 503 at once.
     max_requests: int = 64
     #: Requests of one principal answered at once; more wait up to ``request_wait_s`` for
-    #: one to end, then are answered 503. Table loads run on 16 threads: a principal whose
-    #: loads wait on a slow source (or on a source that points back at this face, each level
-    #: a load of its own) holds at most this many, and one more waiting.
+    #: one to end (on the event loop, holding no thread), then are answered 503. Table loads
+    #: run on 16 threads: a principal whose loads wait on a slow source (or on a source that
+    #: points back at this face, each level a load of its own) holds at most this many.
     max_requests_per_principal: int = 8
     #: How long a principal's request over ``max_requests_per_principal`` waits for a place:
     #: an engine loading many tables at once (Trino's metadata parallelism is 8 per query)
-    #: waits a moment rather than failing (pyiceberg does not retry a 503).
+    #: waits a moment rather than failing (pyiceberg does not retry a 503). 0: 503 at once.
     request_wait_s: float = 2.0
     #: Connections open at once; more are closed as they arrive.
     max_connections: int = 1024
@@ -124,7 +124,8 @@ class RestSettings:
                 raise ConfigError(f"iceberg_rest.{name} must be a positive integer")
         for name in ("pin_s", "header_timeout_s", "sweep_s", "request_wait_s"):
             value = getattr(out, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            least = 0 if name == "request_wait_s" else 1e-9
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"iceberg_rest.{name} must be a positive number")
             if not math.isfinite(value):
                 raise ConfigError(f"iceberg_rest.{name} must be finite")

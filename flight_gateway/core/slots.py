@@ -47,6 +47,19 @@ class Slots:
                 self._freed.wait(left)
             self._open[name] = self._open.get(name, 0) + 1
 
+    def try_acquire(self, name: str) -> bool:
+        """Take a place for ``name`` if one is free now (never waits)."""
+        with self._lock:
+            if self._full(name) is not None:
+                return False
+            self._open[name] = self._open.get(name, 0) + 1
+            return True
+
+    def why_full(self, name: str) -> str:
+        """Why ``name`` may not start a call now (for its refusal)."""
+        with self._lock:
+            return self._full(name) or "a place was free again"
+
     def _full(self, name: str) -> str | None:
         """Why ``name`` may not start a call now (the lock held), or None."""
         if self._open.get(name, 0) >= self.per_principal:

@@ -133,7 +133,24 @@ class RestCatalog:
         return self.tokens.caller(self.tokens.bearer(req.authorization), req.certificate_subject)
 
     def answer(self, req: Request) -> tuple[int, dict[str, Any] | None]:
-        """(HTTP status, JSON body) of one request."""
+        """(HTTP status, JSON body) of one request, on this thread: ``admit``, a place among
+        the principal's requests (waiting for one on this thread), ``respond``. The server
+        waits for the place on its event loop instead (a waiting request holds no thread)."""
+        admitted = self.admit(req)
+        if not isinstance(admitted, Principal):
+            return admitted
+        try:
+            self.answering.acquire(admitted.name)
+        except Exception as e:
+            return error_body(e)
+        try:
+            return self.respond(req, admitted)
+        finally:
+            self.answering.release(admitted.name)
+
+    def admit(self, req: Request) -> Principal | tuple[int, dict[str, Any] | None]:
+        """The caller, or the answer to a request refused before it takes a place: a token
+        request, an unknown caller, a method no route has. Cheap (no catalog, no source)."""
         if req.path.rstrip("/").endswith("/oauth/tokens"):
             # The spec's OAuth error shape (a client asking for a token with a credential
             # parses this one, not the error model): this catalog takes bearer tokens only.
@@ -146,8 +163,14 @@ class RestCatalog:
             who = self.principal(req)
             if req.method not in ALLOWED:
                 raise _refusal(req.method, _parts(req.path))
-            with self.answering.hold(who.name):
-                body = self.route(req, who)
+            return who
+        except Exception as e:  # every failure becomes an error response
+            return error_body(e)
+
+    def respond(self, req: Request, who: Principal) -> tuple[int, dict[str, Any] | None]:
+        """The answer to an admitted request (the caller holds its place)."""
+        try:
+            body = self.route(req, who)
             return (204, None) if req.method == "HEAD" else (200, body)
         except Exception as e:  # every failure becomes an error response
             return error_body(e)

@@ -15,9 +15,11 @@ import json
 import logging
 import ssl
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from flight_gateway.core.auth import Principal
 from flight_gateway.core.config import GatewayConfig, RestSettings
 from flight_gateway.core.slots import Slots
 from flight_gateway.faces.iceberg_rest.catalog import (
@@ -28,6 +30,7 @@ from flight_gateway.faces.iceberg_rest.catalog import (
     error_body,
 )
 from flight_gateway.faces.iceberg_rest.metadata import MetadataWriter
+from flight_gateway.protocol.errors import Busy
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
@@ -41,6 +44,8 @@ READ_BODY_BYTES = 1 << 30
 #: How much of a body past ``MAX_BODY_BYTES`` is read and dropped before the 413, so the
 #: answer is not lost to a reset; past it the 413 goes at once.
 DRAIN_BYTES = 1 << 20
+#: How often a request waiting for a place among its principal's requests looks again.
+PLACE_POLL_S = 0.01
 
 
 def certificate_name(cert: dict[str, Any] | None) -> str:
@@ -134,11 +139,31 @@ def _application(
                     self.request.headers.get("Authorization"),
                     self._peer(),
                 )
-                loop = asyncio.get_running_loop()
-                pool = pools[0] if is_load(req.path) else pools[1]
-                self._send(*await loop.run_in_executor(pool, rest.answer, req))
+                admitted = rest.admit(req)
+                if not isinstance(admitted, Principal):
+                    self._send(*admitted)
+                    return
+                await self._respond(req, admitted)
             finally:
                 in_flight[0] -= 1
+
+        async def _respond(self, req: Request, who: Principal) -> None:
+            # The place among the principal's requests is waited for here, on the event
+            # loop: a request waiting on a pool thread held one of the 16 load threads (or
+            # of the 2 quick ones) that other principals' requests queued behind.
+            answering = rest.answering
+            deadline = time.monotonic() + answering.wait_s
+            while not answering.try_acquire(who.name):
+                if time.monotonic() >= deadline:
+                    self._send(*error_body(Busy(answering.why_full(who.name))))
+                    return
+                await asyncio.sleep(PLACE_POLL_S)
+            try:
+                pool = pools[0] if is_load(req.path) else pools[1]
+                loop = asyncio.get_running_loop()
+                self._send(*await loop.run_in_executor(pool, rest.respond, req, who))
+            finally:
+                answering.release(who.name)
 
         def _peer(self) -> str:
             if settings_tls is None:  # a plain socket has no peer certificate
@@ -176,6 +201,9 @@ def _application(
         def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
             if isinstance(value, StreamClosedError):  # closed after a refusal (413, 431)
                 log.debug("iceberg rest: connection closed: %s", value)
+                return
+            if isinstance(value, tornado.web.HTTPError):  # a caller's request (TRACE, ...)
+                log.debug("iceberg rest: %s", value)
                 return
             log.error("iceberg rest: %s", value, exc_info=(typ, value, tb))
 
