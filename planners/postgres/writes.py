@@ -83,14 +83,17 @@ def _missing(e: Exception, config: PostgresConfig, source: str) -> Exception:
 def _refused(e: Exception, source: str) -> Exception:
     """The caller's rows refused by the table (a key already there, a NULL in a NOT NULL
     column, a CHECK, a value out of its type's range): the caller's doing, not the gateway's
-    (it was INTERNAL). The server's own message and detail (the key), not its CONTEXT, which
-    quotes the whole row."""
+    (it was INTERNAL). The server's message, and its detail only where that names a key: for
+    CHECK and NOT NULL the detail is "Failing row contains (...)", every column of the row
+    (for an upsert, columns the caller never sent), as the CONTEXT is."""
     import psycopg
 
     diag = getattr(e, "diag", None)
-    text = (getattr(diag, "message_primary", None) or str(e).splitlines()[0]).strip()
+    text = (getattr(diag, "message_primary", None) or type(e).__name__).strip()
     detail = getattr(diag, "message_detail", None)
-    text += f" ({detail.strip()})" if detail else ""
+    keyed = (psycopg.errors.UniqueViolation, psycopg.errors.ForeignKeyViolation)
+    if detail and isinstance(e, keyed):
+        text += f" ({detail.strip()})"
     if isinstance(e, psycopg.errors.UniqueViolation):
         return AlreadyExists(f"source {source!r}: a row with that key is there already: {text}")
     return InvalidArgument(f"source {source!r}: the table refused the rows: {text}")
