@@ -72,12 +72,17 @@ class Admin(Transport):
         partition_by: Sequence[str] = (),
         primary_key: Sequence[str] = (),
         properties: Mapping[str, Any] | None = None,
+        commit_id: str | None = None,
     ) -> int:
+        """Create ``table`` (version 0). ``commit_id``: the creation's id, so sending the same
+        create again (after a lost answer) is not ALREADY_EXISTS."""
         body: dict[str, Any] = {
             "table": table,
             "partition_by": list(partition_by),
             "primary_key": list(primary_key),
         }
+        if commit_id is not None:
+            body["commit_id"] = commit_id
         if isinstance(schema, pa.Schema):
             body["schema"] = [
                 {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema

@@ -98,10 +98,15 @@ def _clean(msg: str) -> str:
 def from_flight_error(exc: Exception) -> Exception:
     """The typed harness error a Flight error stands for (or ``exc`` itself)."""
     msg = _clean(str(exc))
-    if isinstance(exc, fl.FlightServerError) or not isinstance(exc, fl.FlightError):
+    server = isinstance(exc, fl.FlightServerError)
+    # GetSchema's untyped error (module docstring): the prefix right at the start, never one
+    # quoted inside an INVALID_ARGUMENT or NOT_FOUND message (a caller's own text).
+    untyped = not isinstance(exc, (fl.FlightError, pa.ArrowInvalid, pa.ArrowKeyError))
+    if server or untyped:
+        head = msg.removeprefix("Unknown error: ")
         for status, cls in _BY_STATUS.items():
             prefix = f"[{status}] "
-            if prefix in msg:
+            if (prefix in msg) if server else head.startswith(prefix):
                 text = msg.split(prefix, 1)[1]
                 if status == "RESOURCE_EXHAUSTED" and is_busy(exc):
                     return E.Busy(text)
@@ -111,7 +116,7 @@ def from_flight_error(exc: Exception) -> Exception:
                     if "lock_unavailable" in str(getattr(exc, "extra_info", b"")):
                         return E.LockUnavailable(text)
                 return cls(text)
-    if not isinstance(exc, fl.FlightError):  # GetSchema's client: the Flight status as text
+    if untyped:  # GetSchema's client raises the Flight status as text
         detail = str(exc).partition(". Detail: ")[2].partition(".")[0]
         if detail in _DETAILS:
             return _DETAILS[detail](msg)

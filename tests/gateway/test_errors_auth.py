@@ -153,6 +153,8 @@ def test_create_table_takes_its_commit_id(table: HarnessClient) -> None:
         table.action("harness.create_table", {k: v for k, v in body.items() if k != "commit_id"})
     with pytest.raises(InvalidArgument, match="commit_id"):
         table.action("harness.create_table", {**body, "table": "d", "commit_id": "x" * 257})
+    assert table.create_table("e", SCHEMA, commit_id="make-e") == 0
+    assert table.create_table("e", SCHEMA, commit_id="make-e") == 0  # the same create again
 
 
 def test_commit_write_needs_paths(table: HarnessClient) -> None:
