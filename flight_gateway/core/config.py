@@ -85,10 +85,11 @@ class RestSettings:
     max_concurrent_loads: int = 4
     #: Requests being answered at once; more are answered 503 at once.
     max_requests: int = 64
-    #: Requests of one principal answered at once; more wait up to ``request_wait_s`` for
-    #: one to end (on the event loop, holding no thread), then are answered 503. Table loads
-    #: run on 16 threads: a principal whose loads wait on a slow source (or on a source that
-    #: points back at this face, each level a load of its own) holds at most this many.
+    #: Requests of one principal answered at once; up to as many more wait up to
+    #: ``request_wait_s`` for one to end (on the event loop, holding no thread), then are
+    #: answered 503, as are any beyond those. Table loads run on 16 threads: a principal
+    #: whose loads wait on a slow source (or on a source that points back at this face, each
+    #: level a load of its own) holds at most this many.
     max_requests_per_principal: int = 8
     #: How long a principal's request over ``max_requests_per_principal`` waits for a place:
     #: an engine loading many tables at once (Trino's metadata parallelism is 8 per query)

@@ -82,6 +82,7 @@ def _application(
     from tornado.iostream import StreamClosedError
 
     in_flight = [0]
+    waiting: dict[str, int] = {}  # requests waiting for a place, per principal (event loop only)
 
     @tornado.web.stream_request_body
     class Handler(tornado.web.RequestHandler):
@@ -151,13 +152,21 @@ def _application(
             # The place among the principal's requests is waited for here, on the event
             # loop: a request waiting on a pool thread held one of the 16 load threads (or
             # of the 2 quick ones) that other principals' requests queued behind.
-            answering = rest.answering
+            # At most as many wait as may be answered: a principal's waiters count against
+            # max_requests, which the others share.
+            answering, name = rest.answering, who.name
             deadline = time.monotonic() + answering.wait_s
-            while not answering.try_acquire(who.name):
-                if time.monotonic() >= deadline:
-                    self._send(*error_body(Busy(answering.why_full(who.name))))
+            while not answering.try_acquire(name):
+                if time.monotonic() >= deadline or waiting.get(name, 0) >= answering.per_principal:
+                    self._send(*error_body(Busy(answering.why_full(name))))
                     return
-                await asyncio.sleep(PLACE_POLL_S)
+                waiting[name] = waiting.get(name, 0) + 1
+                try:
+                    await asyncio.sleep(PLACE_POLL_S)
+                finally:
+                    waiting[name] -= 1
+                    if not waiting[name]:
+                        del waiting[name]
             try:
                 pool = pools[0] if is_load(req.path) else pools[1]
                 loop = asyncio.get_running_loop()
