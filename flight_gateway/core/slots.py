@@ -1,15 +1,13 @@
 """Bounded slots for calls in progress (DoGet streams, SQL statements, DoPut uploads), per
-principal and optionally gateway-wide. Over a limit a call fails with RESOURCE_EXHAUSTED naming
-the limit (kind ``busy`` in its details: nothing was done, so a retry later is safe): at once,
-or after waiting up to the ``wait_s`` its ``Slots`` were made with for one to free (the Iceberg
-REST face: a client that loads more tables at once than a principal may have requests answered
-waits a moment rather than failing, as pyiceberg does not retry)."""
+principal and optionally gateway-wide. Over a limit a call fails at once with RESOURCE_EXHAUSTED
+naming the limit (kind ``busy`` in its details: nothing was done, so a retry later is safe).
+A caller that may wait for a place (the Iceberg REST face, up to ``wait_s``) looks again with
+``try_acquire`` on its own event loop: a wait here would hold the caller's thread."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 
 from flight_gateway.protocol.errors import Busy
@@ -28,23 +26,20 @@ class Slots:
         self.per_principal, self.total = per_principal, total
         self._names = (per_principal_limit, total_limit)
         self._what = what
+        #: How long a caller may wait for a place (see the module docstring).
         self.wait_s = wait_s
         self._open: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)
 
     def in_progress(self, name: str | None = None) -> int:
         with self._lock:
             return sum(self._open.values()) if name is None else self._open.get(name, 0)
 
     def acquire(self, name: str) -> None:
-        deadline = time.monotonic() + self.wait_s
         with self._lock:
-            while (full := self._full(name)) is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise Busy(full)
-                self._freed.wait(left)
+            full = self._full(name)
+            if full is not None:
+                raise Busy(full)
             self._open[name] = self._open.get(name, 0) + 1
 
     def try_acquire(self, name: str) -> bool:
@@ -81,7 +76,6 @@ class Slots:
                 self._open[name] = left
             else:
                 self._open.pop(name, None)
-            self._freed.notify_all()
 
     @contextlib.contextmanager
     def hold(self, name: str) -> Iterator[None]:

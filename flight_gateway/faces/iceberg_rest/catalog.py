@@ -132,25 +132,11 @@ class RestCatalog:
         """The caller, by the same rules as every face (``TokenStore``)."""
         return self.tokens.caller(self.tokens.bearer(req.authorization), req.certificate_subject)
 
-    def answer(self, req: Request) -> tuple[int, dict[str, Any] | None]:
-        """(HTTP status, JSON body) of one request, on this thread: ``admit``, a place among
-        the principal's requests (waiting for one on this thread), ``respond``. The server
-        waits for the place on its event loop instead (a waiting request holds no thread)."""
-        admitted = self.admit(req)
-        if not isinstance(admitted, Principal):
-            return admitted
-        try:
-            self.answering.acquire(admitted.name)
-        except Exception as e:
-            return error_body(e)
-        try:
-            return self.respond(req, admitted)
-        finally:
-            self.answering.release(admitted.name)
-
     def admit(self, req: Request) -> Principal | tuple[int, dict[str, Any] | None]:
-        """The caller, or the answer to a request refused before it takes a place: a token
-        request, an unknown caller, a method no route has. Cheap (no catalog, no source)."""
+        """The caller, or the answer to a request refused before it takes a place among its
+        principal's requests (``answering``; the server waits for one on its event loop, then
+        calls ``respond``): a token request, an unknown caller, a method no route has. Cheap
+        (no catalog, no source)."""
         if req.path.rstrip("/").endswith("/oauth/tokens"):
             # The spec's OAuth error shape (a client asking for a token with a credential
             # parses this one, not the error model): this catalog takes bearer tokens only.
