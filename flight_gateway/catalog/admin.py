@@ -100,19 +100,54 @@ def create_table(
     check_json(props, "properties")
     if commit_id is not None and (not commit_id or len(commit_id) > 256):
         raise InvalidArgument("commit_id must be a non-empty string of at most 256 chars")
+    definition = (sch, partition_by, primary_key)
     try:
         with write_tx(engine) as conn:
-            found = conn.execute(select(tables.c.id).where(tables.c.name == name)).first()
-            if found is not None:
-                if commit_id and _created_by(conn, found[0], commit_id):
-                    return CommitResult(0, False, 0)  # a retry of the create that made it
-                raise AlreadyExists(f"table {name!r} already exists")
+            if _existing(conn, name, commit_id, definition):
+                return CommitResult(0, False, 0)  # a retry of the create that made it
             _insert_table(conn, name, sch, partition_by, primary_key, props, commit_id)
     except IntegrityError as e:
-        # Two creators raced on Postgres; the loser sees the unique name constraint.
+        # Two creators raced on Postgres; the loser sees the unique name constraint (and
+        # answers as a retry would, when the winner was the same create).
+        with write_tx(engine) as conn:
+            if _existing(conn, name, commit_id, definition):
+                return CommitResult(0, False, 0)
         raise AlreadyExists(f"table {name!r} already exists") from e
     log.info("created table %s", name)
     return CommitResult(0, True, 0)
+
+
+def _existing(
+    conn: Connection,
+    name: str,
+    commit_id: str | None,
+    definition: tuple[Schema, list[str], list[str]],
+) -> bool:
+    """False when there is no table ``name``; True when there is one made by this very create
+    (its version 0 has ``commit_id`` and the same schema, partitioning and key); else
+    ALREADY_EXISTS (another create, or the same commit id sent with another definition)."""
+    row = conn.execute(
+        select(tables.c.id, tables.c.partition_by, tables.c.primary_key).where(
+            tables.c.name == name
+        )
+    ).first()
+    if row is None:
+        return False
+    sch, partition_by, primary_key = definition
+    if commit_id and _created_by(conn, row.id, commit_id):
+        fields = conn.execute(
+            select(schemas.c.fields).where(
+                (schemas.c.table_id == row.id) & (schemas.c.schema_id == 0)
+            )
+        ).scalar()
+        same = fields == [f.to_json() for f in sch.fields]
+        if same and list(row.partition_by) == partition_by and list(row.primary_key) == primary_key:
+            return True
+        raise AlreadyExists(
+            f"table {name!r} already exists: commit id {commit_id!r} made it with another "
+            "schema, partitioning or key"
+        )
+    raise AlreadyExists(f"table {name!r} already exists")
 
 
 def drop_table(engine: Engine, name: str) -> None:

@@ -131,3 +131,15 @@ def test_killed_lock_holder_frees_after_lease(catalog: Catalog) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_same_create_sent_at_once_is_made_once(catalog: Catalog) -> None:
+    """Creates of one table with one commit id racing (a client's retry while its first try
+    still runs): one makes it, the others answer as retries (``applied`` false), on both
+    backends; on PostgreSQL the losers met the unique name constraint and were ALREADY_EXISTS."""
+    schema = [{"name": "id", "type": "int64"}]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: catalog.create_table("r", schema, commit_id="make-r"),
+                                range(8)))  # fmt: skip
+    assert sorted(r.applied for r in results) == [False] * 7 + [True]
+    assert [h.commit_id for h in catalog.history("r")] == ["make-r"]

@@ -149,6 +149,8 @@ def test_create_table_takes_its_commit_id(table: HarnessClient) -> None:
     assert again == {"table": "c", "version": 0, "applied": False}
     with pytest.raises(AlreadyExists):
         table.action("harness.create_table", {**body, "commit_id": "make-c-2"})
+    with pytest.raises(AlreadyExists, match="another schema"):  # the same id, another table
+        table.action("harness.create_table", {**body, "schema": SCHEMA[:1]})
     with pytest.raises(AlreadyExists):
         table.action("harness.create_table", {k: v for k, v in body.items() if k != "commit_id"})
     with pytest.raises(InvalidArgument, match="commit_id"):
