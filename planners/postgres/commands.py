@@ -7,8 +7,11 @@ logs): each command prints one line on stdout saying what it did, as the other c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from flight_gateway.protocol.errors import InvalidArgument, Unavailable
 from planners.postgres.versioning import VERSION_MARK, enable_versioning, upgrade_versioning
 
 
@@ -30,23 +33,35 @@ def add_commands(subparsers: Any) -> None:
     up.set_defaults(func=_upgrade_command)
 
 
-def _enable_command(args: Any) -> int:
+@contextmanager
+def _connected(dsn: str) -> Iterator[Any]:
+    """A connection to ``dsn``; the server's refusals as the CLI's one-line errors (they were
+    a traceback): UNAVAILABLE when it cannot be reached, INVALID_ARGUMENT for what it says of
+    the command (no such table, no permission)."""
     import psycopg
 
-    with psycopg.connect(args.dsn) as conn:
+    try:
+        with psycopg.connect(dsn) as conn:
+            yield conn
+    except psycopg.OperationalError as e:
+        raise Unavailable(f"PostgreSQL: {str(e).strip()}") from None
+    except psycopg.Error as e:
+        raise InvalidArgument(f"PostgreSQL: {str(e).strip()}") from None
+
+
+def _enable_command(args: Any) -> int:
+    with _connected(args.dsn) as conn:
         enable_versioning(conn, args.table, schema=args.schema)
     print(
         f"{args.schema}.{args.table} is system-versioned ({VERSION_MARK}): column sys_period, "
         f"history table {args.schema}.{args.table}_history, triggers harness_versioning and "
-        "harness_versioning_close"
+        f"harness_versioning_close, index {args.table}_written"
     )
     return 0
 
 
 def _upgrade_command(args: Any) -> int:
-    import psycopg
-
-    with psycopg.connect(args.dsn) as conn:
+    with _connected(args.dsn) as conn:
         tables = upgrade_versioning(conn)
     if tables:
         print(

@@ -211,6 +211,14 @@ def test_cli_enable_versioning(pg_dsn: str) -> None:
     )
     assert upgrade.returncode == 0, upgrade.stderr
     assert upgrade.stdout.startswith("nothing to upgrade"), upgrade.stdout
+    # The server's refusals are one line on stderr and status 1, not a traceback.
+    cli = [sys.executable, "-m", "flight_gateway.cli", "postgres", "enable-versioning"]
+    for dsn, table, said in [(pg_dsn, f"missing_{name}", "does not exist"),
+                             ("postgresql://postgres@127.0.0.1:1/x", name, "PostgreSQL")]:  # fmt: skip
+        failed = subprocess.run([*cli, dsn, table], env={**os.environ, "PYTHONPATH": str(root)},
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert failed.returncode == 1, failed.stderr
+        assert said in failed.stderr and "Traceback" not in failed.stderr, failed.stderr
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f'INSERT INTO "{name}" VALUES (1)')
         conn.execute(f'DELETE FROM "{name}"')
