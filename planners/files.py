@@ -203,8 +203,6 @@ class FilesKind(SourceKind):
             request.check_files("data file", uris)
         else:
             request.check_real_files("data file", reals)
-            # Replaced since its commit (by a pipe, a directory): UNAVAILABLE before any open.
-            _regular(request.source.name, reals, Unavailable)
         return fs, paths, uris
 
     # ------------------------------------------------------------------ reading
@@ -233,6 +231,10 @@ class FilesKind(SourceKind):
         config: FilesConfig = self.parse_config(src)
         fmt = FORMATS[config.format]
         fs, paths, _ = self._paths(request, list(task.payload["files"]))
+        if isinstance(fs, pafs.LocalFileSystem):
+            # Replaced since planning (by a pipe, a directory): UNAVAILABLE before any open.
+            # Planning saw each file's type already (``_tasks``, get_file_info).
+            _regular(src.name, paths, Unavailable)
         if fmt != "avro":
             return scan_files(request, fs, paths, fmt)
 

@@ -1,8 +1,8 @@
 """Bounded slots for calls in progress (DoGet streams, SQL statements, DoPut uploads), per
 principal and optionally gateway-wide. Over a limit a call fails at once with RESOURCE_EXHAUSTED
 naming the limit (kind ``busy`` in its details: nothing was done, so a retry later is safe).
-A caller that may wait for a place (the Iceberg REST face, up to ``wait_s``) looks again with
-``try_acquire`` on its own event loop: a wait here would hold the caller's thread."""
+A caller that may wait for a place (the Iceberg REST face) looks again with ``try_acquire`` on
+its own event loop: a wait here would hold the caller's thread."""
 
 from __future__ import annotations
 
@@ -21,13 +21,10 @@ class Slots:
         total: int | None = None,
         total_limit: str = "",
         what: str = "calls",
-        wait_s: float = 0.0,
     ) -> None:
         self.per_principal, self.total = per_principal, total
         self._names = (per_principal_limit, total_limit)
         self._what = what
-        #: How long a caller may wait for a place (see the module docstring).
-        self.wait_s = wait_s
         self._open: dict[str, int] = {}
         self._lock = threading.Lock()
 

@@ -21,8 +21,7 @@ def test_a_call_over_the_limit_fails_at_once_naming_it() -> None:
 
 
 def test_try_acquire_takes_a_place_only_when_one_is_free() -> None:
-    slots = Slots(2, "max_x_per_principal", total=2, total_limit="max_x", wait_s=3.0)
-    assert slots.wait_s == 3.0
+    slots = Slots(2, "max_x_per_principal", total=2, total_limit="max_x")
     assert slots.try_acquire("alice") and slots.try_acquire("bob")
     assert not slots.try_acquire("carol")  # the gateway-wide limit is full
     assert "max_x" in slots.why_full("carol")

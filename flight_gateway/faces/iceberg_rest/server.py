@@ -84,6 +84,21 @@ def _application(
     in_flight = [0]
     waiting: dict[str, int] = {}  # requests waiting for a place, per principal (event loop only)
 
+    async def _placed(name: str) -> bool:
+        """Whether ``name`` got a place among its requests within ``request_wait_s``."""
+        waiting[name] = waiting.get(name, 0) + 1
+        try:
+            deadline = time.monotonic() + settings.request_wait_s
+            while not rest.answering.try_acquire(name):
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(PLACE_POLL_S)
+            return True
+        finally:
+            waiting[name] -= 1
+            if not waiting[name]:
+                del waiting[name]
+
     @tornado.web.stream_request_body
     class Handler(tornado.web.RequestHandler):
         def prepare(self) -> None:
@@ -151,22 +166,16 @@ def _application(
         async def _respond(self, req: Request, who: Principal) -> None:
             # The place among the principal's requests is waited for here, on the event
             # loop: a request waiting on a pool thread held one of the 16 load threads (or
-            # of the 2 quick ones) that other principals' requests queued behind.
-            # At most as many wait as may be answered: a principal's waiters count against
-            # max_requests, which the others share.
+            # of the 2 quick ones) that other principals' requests queued behind. At most as
+            # many wait as may be answered: waiters count against max_requests, which the
+            # other principals share.
             answering, name = rest.answering, who.name
-            deadline = time.monotonic() + answering.wait_s
-            while not answering.try_acquire(name):
-                if time.monotonic() >= deadline or waiting.get(name, 0) >= answering.per_principal:
-                    self._send(*error_body(Busy(answering.why_full(name))))
-                    return
-                waiting[name] = waiting.get(name, 0) + 1
-                try:
-                    await asyncio.sleep(PLACE_POLL_S)
-                finally:
-                    waiting[name] -= 1
-                    if not waiting[name]:
-                        del waiting[name]
+            placed = answering.try_acquire(name) or (
+                waiting.get(name, 0) < answering.per_principal and await _placed(name)
+            )
+            if not placed:
+                self._send(*error_body(Busy(answering.why_full(name))))
+                return
             try:
                 pool = pools[0] if is_load(req.path) else pools[1]
                 loop = asyncio.get_running_loop()
@@ -333,7 +342,6 @@ def mount(core: Any, config: GatewayConfig) -> RestServer:
         settings.max_requests_per_principal,
         "iceberg_rest.max_requests_per_principal",
         what="requests being answered",
-        wait_s=settings.request_wait_s,
     )
     rest = RestCatalog(core.reads, config.token_store, layouts,
                        MetadataWriter(store, settings.history, layouts.sweep), loads, answering)  # fmt: skip
