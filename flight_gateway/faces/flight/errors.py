@@ -72,13 +72,42 @@ def _on_the_wire(method: str, e: BaseException) -> BaseException:
     return fl.FlightInternalError(f"internal error: {type(e).__name__}: {_clean(str(e))}")
 
 
+#: Where errors are raised to pyarrow from. pyarrow's server sends the Python traceback of an
+#: error that is not a Flight error (INVALID_ARGUMENT and NOT_FOUND on every method, every
+#: status of GetSchema, apache/arrow#43556) in the status detail: raised from the handler's
+#: own frame, that showed the gateway's install path and source line to every caller. These
+#: frames are compiled under a name that is no file, so the traceback shows neither; the
+#: errors they raise are made fresh (``_on_the_wire``), so no other frame comes with them.
+_NEUTRAL_FILE = "<harness-gateway>"
+_NEUTRAL_SOURCE = """
+def handler_of(attempt):
+    def handler(*args, **kwargs):
+        ok, value = attempt(*args, **kwargs)
+        if ok:
+            return value
+        raise value.with_traceback(None) from None
+    return handler
+
+def stream_of(step):
+    while True:
+        state, value = step()
+        if state == 1:
+            yield value
+        elif state == 0:
+            return
+        else:
+            raise value.with_traceback(None) from None
+"""
+_neutral: dict[str, Any] = {}
+exec(compile(_NEUTRAL_SOURCE, _NEUTRAL_FILE, "exec"), _neutral)  # a constant source
+
+
 def flight_errors(fn: F) -> F:
     """Map harness errors to Flight status codes; never let an unexpected error kill a call
     without a clear message (the server itself keeps serving either way). No message carries a
-    resolved secret."""
+    resolved secret, and no traceback a server path (``_NEUTRAL_SOURCE``)."""
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def attempt(*args: Any, **kwargs: Any) -> tuple[bool, Any]:
         started = time.perf_counter()
         call = args[1] if len(args) > 1 and isinstance(args[1], fl.ServerCallContext) else None
         try:
@@ -86,13 +115,13 @@ def flight_errors(fn: F) -> F:
                 out = fn(*args, **kwargs)
         except BaseException as e:
             metrics.observe_rpc(fn.__name__, started, e)
-            # "from None": pyarrow sends the Python traceback in the status details, and a
-            # chained one can outgrow gRPC's metadata limit (the client sees RESOURCE_EXHAUSTED).
-            raise _on_the_wire(fn.__name__, e) from None
+            # Raised "from None": a chained traceback can outgrow gRPC's metadata limit (the
+            # client sees RESOURCE_EXHAUSTED).
+            return False, _on_the_wire(fn.__name__, e)
         metrics.observe_rpc(fn.__name__, started, None)
-        return out
+        return True, out
 
-    return wrapper  # type: ignore[return-value]
+    return functools.wraps(fn)(_neutral["handler_of"](attempt))  # type: ignore[return-value]
 
 
 #: Batches go out as IPC messages of at most about this many body bytes. The Flight client
@@ -141,15 +170,32 @@ def stream_errors(
                 yield from wire_sized(first)
                 for batch in reader:
                     yield from wire_sized(batch)
-        except HarnessError as e:
-            raise _wire(e, "do_get") from None
-        except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)
-            raise type(e)(_clean(str(e))) from None
         finally:
             if on_close is not None:
                 on_close()
 
-    return pa.RecordBatchReader.from_batches(reader.schema, gen())
+    return pa.RecordBatchReader.from_batches(reader.schema, _neutral["stream_of"](_steps(gen())))
+
+
+def _steps(batches: Iterator[pa.RecordBatch]) -> Callable[[], tuple[int, Any]]:
+    """``batches`` one step at a time for ``stream_of``: (1, batch), (0, None) at the end, or
+    (2, the error sent) when reading failed (it is raised from the neutral frame)."""
+
+    def step() -> tuple[int, Any]:
+        try:
+            return 1, next(batches)
+        except StopIteration:
+            return 0, None
+        except HarnessError as e:
+            return 2, _wire(e, "do_get")
+        except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)
+            return 2, type(e)(_clean(str(e)))
+        except BaseException as e:  # closed early (GeneratorExit), or a bug: as it was
+            if not isinstance(e, Exception):
+                raise
+            return 2, _on_the_wire("do_get", e)
+
+    return step
 
 
 def _first_batch(reader: pa.RecordBatchReader) -> pa.RecordBatch | None:
