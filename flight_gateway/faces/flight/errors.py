@@ -74,21 +74,31 @@ def _on_the_wire(method: str, e: BaseException) -> BaseException:
 
 #: Where errors are raised to pyarrow from. pyarrow's server sends the Python traceback of an
 #: error that is not a Flight error (INVALID_ARGUMENT and NOT_FOUND on every method, every
-#: status of GetSchema, apache/arrow#43556) in the status detail: raised from the handler's
-#: own frame, that showed the gateway's install path and source line to every caller. These
-#: frames are compiled under a name that is no file, so the traceback shows neither; the
-#: errors they raise are made fresh (``_on_the_wire``), so no other frame comes with them.
+#: status of GetSchema, apache/arrow#43556, an error mid-stream) in the status detail: raised
+#: from the handler's own frame, that showed the gateway's install path and source line to
+#: every caller. The two frames below carry a file name that is no file, so the traceback shows
+#: neither; the errors they raise are made fresh (``_on_the_wire``), so no frame comes with them.
 _NEUTRAL_FILE = "<harness-gateway>"
-_NEUTRAL_SOURCE = """
-def handler_of(attempt):
-    def handler(*args, **kwargs):
+
+
+def _neutral(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn.__code__ = fn.__code__.replace(co_filename=_NEUTRAL_FILE)
+    return fn
+
+
+def _handler_of(attempt: Callable[..., tuple[bool, Any]]) -> Callable[..., Any]:
+    @_neutral
+    def handler(*args: Any, **kwargs: Any) -> Any:
         ok, value = attempt(*args, **kwargs)
         if ok:
             return value
         raise value.with_traceback(None) from None
+
     return handler
 
-def stream_of(step):
+
+@_neutral
+def _stream_of(step: Callable[[], tuple[int, Any]]) -> Iterator[pa.RecordBatch]:
     while True:
         state, value = step()
         if state == 1:
@@ -97,15 +107,12 @@ def stream_of(step):
             return
         else:
             raise value.with_traceback(None) from None
-"""
-_neutral: dict[str, Any] = {}
-exec(compile(_NEUTRAL_SOURCE, _NEUTRAL_FILE, "exec"), _neutral)  # a constant source
 
 
 def flight_errors(fn: F) -> F:
     """Map harness errors to Flight status codes; never let an unexpected error kill a call
     without a clear message (the server itself keeps serving either way). No message carries a
-    resolved secret, and no traceback a server path (``_NEUTRAL_SOURCE``)."""
+    resolved secret, and no traceback a server path (``_NEUTRAL_FILE``)."""
 
     def attempt(*args: Any, **kwargs: Any) -> tuple[bool, Any]:
         started = time.perf_counter()
@@ -121,7 +128,7 @@ def flight_errors(fn: F) -> F:
         metrics.observe_rpc(fn.__name__, started, None)
         return True, out
 
-    return functools.wraps(fn)(_neutral["handler_of"](attempt))  # type: ignore[return-value]
+    return functools.wraps(fn)(_handler_of(attempt))  # type: ignore[return-value]
 
 
 #: Batches go out as IPC messages of at most about this many body bytes. The Flight client
@@ -174,11 +181,11 @@ def stream_errors(
             if on_close is not None:
                 on_close()
 
-    return pa.RecordBatchReader.from_batches(reader.schema, _neutral["stream_of"](_steps(gen())))
+    return pa.RecordBatchReader.from_batches(reader.schema, _stream_of(_steps(gen())))
 
 
 def _steps(batches: Iterator[pa.RecordBatch]) -> Callable[[], tuple[int, Any]]:
-    """``batches`` one step at a time for ``stream_of``: (1, batch), (0, None) at the end, or
+    """``batches`` one step at a time for ``_stream_of``: (1, batch), (0, None) at the end, or
     (2, the error sent) when reading failed (it is raised from the neutral frame)."""
 
     def step() -> tuple[int, Any]:

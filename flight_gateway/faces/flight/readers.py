@@ -232,7 +232,7 @@ def _harness_error(e: BaseException, p: _Process) -> BaseException:
     closed, a stream cut) is UNAVAILABLE: the read can be sent again."""
     if isinstance(e, HarnessError):
         return e
-    if not p.alive:
+    if not p.alive or (isinstance(e, (fl.FlightUnavailableError, OSError)) and _exiting(p)):
         log.warning("read process %d exited during a read: %s", p.index, e)
         return Unavailable("the read process serving this stream exited: send the read again")
     typed = from_flight_error(e) if isinstance(e, Exception) else e
@@ -240,6 +240,23 @@ def _harness_error(e: BaseException, p: _Process) -> BaseException:
         return typed
     log.warning("read process stream failed: %s", e)
     return Unavailable(f"a read process failed: {type(e).__name__}: {e}")
+
+
+#: How long a lost connection to a read process waits to see the process gone.
+EXIT_WAIT_S = 1.0
+
+
+def _exiting(p: _Process) -> bool:
+    """Whether ``p``, its connection just lost, is exiting: a killed process's socket closes
+    before the process can be waited for, and under load a stream saw the one before the other
+    (then it failed as a plain UNAVAILABLE from the transport, not as the exited process)."""
+    if p.popen is None:
+        return True
+    try:
+        p.popen.wait(timeout=EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _read_line(stream: IO[bytes], timeout_s: float) -> bytes:
