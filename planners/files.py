@@ -13,10 +13,12 @@ list. Streaming: the rows added between two states are the files that joined the
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,6 +61,8 @@ from planners.layout import (
     parquet_footer,
     widens,
 )
+
+log = logging.getLogger(__name__)
 
 FORMATS = {
     "parquet": "parquet",
@@ -308,10 +312,12 @@ class FilesKind(SourceKind):
         config: FilesConfig = self.parse_config(ctx.source)
         if config.format != "parquet":
             raise InvalidArgument(f"source {ctx.source.name!r}: DoPut writes Parquet files only")
-        # One name per (table, source, commit): a retry finds its file, another table sharing
-        # the root never collides with it.
+        # One name per (catalog, table, source, commit): a retry finds its file, another table
+        # or another catalog sharing the root never collides with it (the same table, source
+        # and commit id in two catalogs took the other's file for a retry's before the tag).
         key = f"{ctx.table}\0{ctx.source.name}\0{ctx.commit_id}".encode()
-        name = f"harness-{hashlib.sha256(key).hexdigest()[:32]}.parquet"
+        tag = f"{ctx.catalog_tag}-" if ctx.catalog_tag else ""
+        name = f"harness-{tag}{hashlib.sha256(key).hexdigest()[:32]}.parquet"
         fs, (path,) = resolve_paths(_require_root(ctx.source, config), [name])
         _write_once(fs, path, rows)
         files = _file_list(ctx.source.name, ctx.source.state)
@@ -395,6 +401,9 @@ class FilesKind(SourceKind):
 
 #: Names the harness itself writes under a root: DoPut files, Spark staging directories.
 HARNESS_FILE_PREFIXES = ("harness-", "spark-")
+#: Such a name with its catalog's tag (``harness-<tag>-...``, ``spark-<tag>-...``); one
+#: without a tag was written before names carried it.
+_TAGGED = re.compile(r"^(?:harness|spark)-([0-9a-f]{12})-")
 
 
 def _referenced(pinned: Sequence[Pinned]) -> dict[str, set[str]]:
@@ -414,31 +423,58 @@ def _referenced(pinned: Sequence[Pinned]) -> dict[str, set[str]]:
     return roots
 
 
-def _clean_root(root: str, keep: set[str], grace_s: float) -> list[str]:
-    """Delete harness-written files under ``root`` that no pin lists and that are older than
-    ``grace_s`` (a write not committed yet is younger); others are never touched."""
-    deleted, now = [], time.time()
+def _harness_written(root: str) -> Iterator[tuple[str, str]]:
+    """(path, the name of its first level under ``root``) of every file under ``root`` whose
+    first level the harness named."""
     for dirpath, _dirs, names in os.walk(root):
         rel = os.path.relpath(dirpath, root)
         for name in names:
-            path = os.path.normpath(os.path.join(dirpath, name))
             first = (name if rel == "." else rel).split(os.sep)[0]
-            if not first.startswith(HARNESS_FILE_PREFIXES) or path in keep:
+            if first.startswith(HARNESS_FILE_PREFIXES):
+                yield os.path.normpath(os.path.join(dirpath, name)), first
+
+
+def _clean_root(root: str, keep: set[str], grace_s: float, tag: str = "") -> list[str]:
+    """Delete the files this catalog (``tag``) wrote under ``root`` that no pin lists and that
+    are older than ``grace_s`` (a write not committed yet is younger); others are never
+    touched. Files another catalog's tag names are that catalog's. Untagged ones (written
+    before names carried the tag) are deleted too, unless another catalog writes into the root:
+    then nothing tells whose they are, and they stay."""
+    ours, untagged, shared = [], [], False
+    for path, first in _harness_written(root):
+        m = _TAGGED.match(first)
+        if m is None:
+            untagged.append(path)
+        elif m.group(1) == tag:
+            ours.append(path)
+        else:
+            shared = True
+    if shared and untagged:
+        log.warning(
+            "maintain: %s is shared with another catalog: its %d harness files written before "
+            "file names carried a catalog's tag are left (delete the unused ones by hand)",
+            root,
+            len(untagged),
+        )
+    deleted, now = [], time.time()
+    for path in ours + ([] if shared else untagged):
+        if path in keep:
+            continue
+        try:
+            if now - os.path.getmtime(path) < grace_s:
                 continue
-            try:
-                if now - os.path.getmtime(path) < grace_s:
-                    continue
-                os.remove(path)
-            except FileNotFoundError:
-                continue
-            deleted.append(path)
+            os.remove(path)
+        except FileNotFoundError:
+            continue
+        deleted.append(path)
     return deleted
 
 
 def maintain_files(pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
     deleted: list[str] = []
+    tag = next((p.catalog_tag for p in pinned if p.catalog_tag), "")
     for root, keep in _referenced(pinned).items():
-        deleted += _clean_root(root, keep, grace_s)
+        deleted += _clean_root(root, keep, grace_s, tag)
     return {"deleted_files": deleted}
 
 

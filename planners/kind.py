@@ -160,6 +160,10 @@ class AppendContext:
     relocation: bool = False
     #: What ``PreparesAppends.prepare_append`` wrote of these rows before the lease (or None).
     prepared: Any = None
+    #: The harness catalog's tag (``Catalog.catalog_tag``, 12 hex digits): a kind that names
+    #: files in storage another catalog may share (a files root) puts it in their names, so
+    #: that neither catalog takes the other's file for its own or deletes it ("": none).
+    catalog_tag: str = ""
 
 
 # ---------------------------------------------------------------------------- typed configs
@@ -582,6 +586,9 @@ class Pinned:
     table: str
     version: int
     source: SourceRef
+    #: The maintained catalog's tag (``AppendContext.catalog_tag``): files named with another
+    #: tag are another catalog's, never this one's to delete ("": none known).
+    catalog_tag: str = ""
 
 
 @runtime_checkable

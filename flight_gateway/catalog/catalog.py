@@ -59,6 +59,9 @@ class Catalog:
         self.url = db.normalize_url(url)
         self.engine = db.make_engine(self.url)
         db.migrate(self.engine)
+        with db.read_tx(self.engine) as conn:
+            #: This catalog's identity (``db.catalog_info``), made once when it was created.
+            self.catalog_id = db.catalog_id(conn)
         self._fast = None
         if not db.is_sqlite(self.engine):
             usable = db.usable_connections(self.engine)
@@ -71,6 +74,12 @@ class Catalog:
             self.engine, self._fast, group_commit=group_commit, max_group=max_group
         )
         self._locks = Locks(self.engine, self._fast, poll_s=lock_poll_s, max_wait_s=max_wait_s)
+
+    @property
+    def catalog_tag(self) -> str:
+        """What names this catalog's files apart in storage another catalog may share (a files
+        root): the first 12 hex digits of its id."""
+        return self.catalog_id[:12]
 
     def close(self) -> None:
         if self._fast is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,6 +36,7 @@ from sqlalchemy import (
     event,
     extract,
     func,
+    inspect,
     select,
     text,
 )
@@ -48,12 +50,15 @@ log = logging.getLogger(__name__)
 
 metadata = MetaData()
 
-# One row per catalog: the schema version of the catalog database itself.
+# One row per catalog: the schema version of the catalog database itself, and the catalog's
+# identity (``catalog_id``, random, made once): what it writes into storage another catalog
+# may share carries it (``catalog_tag``), so neither takes nor deletes the other's files.
 catalog_info = Table(
     "harness_catalog_info",
     metadata,
     Column("id", Integer, primary_key=True),
     Column("schema_version", Integer, nullable=False),
+    Column("catalog_id", String(32), nullable=True),
 )
 
 # Ids handed out so far, per kind of row (``table``): a table's id is never used again, so a
@@ -201,6 +206,23 @@ def _migration_4(conn: Connection) -> None:
         conn.exec_driver_sql(postgres_sql.LOCK_FUNCTION_V2)
 
 
+def _migration_5(conn: Connection) -> None:
+    """The catalog's identity (``catalog_info.catalog_id``); a new catalog's row gets its own
+    when ``migrate`` inserts it."""
+    columns = {c["name"] for c in inspect(conn).get_columns(catalog_info.name)}
+    if "catalog_id" not in columns:
+        conn.execute(text(f"ALTER TABLE {catalog_info.name} ADD COLUMN catalog_id VARCHAR(32)"))
+    conn.execute(
+        catalog_info.update()
+        .where(catalog_info.c.catalog_id.is_(None))
+        .values(catalog_id=uuid.uuid4().hex)
+    )
+
+
+def catalog_id(conn: Connection) -> str:
+    return str(conn.execute(select(catalog_info.c.catalog_id)).scalar_one())
+
+
 # Append-only list: migration i (1-based) moves the catalog from schema version i-1 to i.
 # Never edit a released migration; add a new one.
 MIGRATIONS: list[Callable[[Connection], None]] = [
@@ -208,6 +230,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _migration_2,
     _migration_3,
     _migration_4,
+    _migration_5,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -426,6 +449,10 @@ def migrate(engine: Engine) -> None:
             log.info("migrating harness catalog schema %d -> %d", i, i + 1)
             MIGRATIONS[i](conn)
         if current == 0:
-            conn.execute(catalog_info.insert().values(id=1, schema_version=SCHEMA_VERSION))
+            conn.execute(
+                catalog_info.insert().values(
+                    id=1, schema_version=SCHEMA_VERSION, catalog_id=uuid.uuid4().hex
+                )
+            )
         elif current < SCHEMA_VERSION:
             conn.execute(catalog_info.update().values(schema_version=SCHEMA_VERSION))

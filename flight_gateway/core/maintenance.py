@@ -6,8 +6,9 @@ One pass (``run_once``) over every table of a catalog:
    versions) and ``retention.max_age_s`` (forget versions older than that, the current one is
    always kept). Every kept version still reads exactly as before (``Catalog.expire_versions``).
 2. **Each kind's own housekeeping** (the ``Maintains`` capability), given every source of that
-   kind that a retained version pins: the ``files`` kind deletes files the harness wrote under a
-   root that no pin lists and that are older than ``grace_s``; the ``iceberg`` kind expires
+   kind that a retained version pins: the ``files`` kind deletes files this catalog wrote under
+   a root (named with its tag) that no pin lists and that are older than ``grace_s``; the
+   ``iceberg`` kind expires
    snapshots older than the oldest pinned one (metadata only; later snapshots stay, so ``since``
    reads keep an unbroken lineage); the ``kafka`` kind reports messages a pin needs that topic
    retention already deleted (logged as an error, exported as
@@ -120,6 +121,7 @@ def retained_pins(
                 r.partition,
                 r.state,
             ),
+            catalog.catalog_tag,
         )
         for r in rows
     ]

@@ -307,6 +307,7 @@ class _Appender:
                 guard(self.gw, ref.kind, self.table),
                 self.gw.tag_key(snap.table_id, name),
                 prepared=prepared.get(name),
+                catalog_tag=self.gw.catalog.catalog_tag,
             )
             if later is not None and not self.merge and isinstance(kind, AppendsMany):
                 updates.append({"source": name, "state": None})
@@ -574,7 +575,12 @@ def _prepare(
             if not isinstance(kind, PreparesAppends):
                 continue
             ctx = AppendContext(
-                ref, commit_id, aliases, table=table, guard=guard(gw, ref.kind, table)
+                ref,
+                commit_id,
+                aliases,
+                table=table,
+                guard=guard(gw, ref.kind, table),
+                catalog_tag=gw.catalog.catalog_tag,
             )
             with tracing.span("prepare", source=name, kind=ref.kind, rows=part.num_rows):
                 made = kind.prepare_append(ctx, part)

@@ -49,6 +49,7 @@ from flight_gateway.core.sources import bind, guard, scan_request
 from flight_gateway.core.write.ingest import discard_prepared
 from flight_gateway.core.write.lease import leased
 from flight_gateway.core.write.locks import seconds
+from flight_gateway.core.write.writes import staging_places
 from flight_gateway.protocol import operations as ops
 from flight_gateway.protocol.errors import Conflict, InvalidArgument
 from planners.common import filesystem
@@ -267,7 +268,8 @@ def _run(
     hot_kind, hot_ref = bind(gw, snap, m.hot)  # its state now: writes may have come since
     ctx = AppendContext(hot_ref, m.commit_id, aliases, table=m.table,
                         guard=guard(gw, hot_ref.kind, m.table),
-                        tag_key=gw.tag_key(snap.table_id, m.hot))  # fmt: skip
+                        tag_key=gw.tag_key(snap.table_id, m.hot),
+                        catalog_tag=cat.catalog_tag)  # fmt: skip
     assert isinstance(hot_kind, Drains)
     with tracing.span("move.drain", source=m.hot):
         hot_state = hot_kind.drain(ctx, m.state, rows, snap.primary_key, partial=bool(m.where))
@@ -347,7 +349,7 @@ def _write_cold(
     prepared: tuple[AppendContext, Any] | None = None,
 ) -> dict[str, Any]:
     if m.staged is not None:
-        return _adopt(kind, ref, m)
+        return _adopt(gw, kind, ref, m)
     ctx = _cold_context(gw, snap, m, ref)
     if _merges(snap, m, kind):
         if not isinstance(kind, Merges) or not snap.primary_key:
@@ -374,7 +376,8 @@ def _cold_context(gw: Gateway, snap: TableSnapshot, m: Move, ref: Any) -> Append
     aliases = {f.name: f.aliases for f in snap.schema.fields}
     return AppendContext(ref, m.commit_id, aliases, table=m.table,
                          guard=guard(gw, ref.kind, m.table),
-                         tag_key=gw.tag_key(snap.table_id, m.cold), relocation=True)  # fmt: skip
+                         tag_key=gw.tag_key(snap.table_id, m.cold), relocation=True,
+                         catalog_tag=gw.catalog.catalog_tag)  # fmt: skip
 
 
 def _prepare_cold(
@@ -396,7 +399,7 @@ def _prepare_cold(
     return None if made is None else (ctx, made)
 
 
-def _adopt(kind: SourceKind, ref: Any, m: Move) -> dict[str, Any]:
+def _adopt(gw: Gateway, kind: SourceKind, ref: Any, m: Move) -> dict[str, Any]:
     staged = m.staged or {}
     if not isinstance(kind, AdoptsFiles):
         raise InvalidArgument(f"source {m.cold!r} ({ref.kind}) does not adopt staged files")
@@ -404,8 +407,8 @@ def _adopt(kind: SourceKind, ref: Any, m: Move) -> dict[str, Any]:
     if not isinstance(write_id, str) or not write_id:
         raise InvalidArgument("harness.move: 'staged.write_id' must be the id begin_write gave")
     paths = _paths(staged)
-    location = kind.staging_location(ref, write_id).rstrip("/") + "/"
-    outside = [p for p in paths if not p.startswith(location) or ".." in p]
+    places = staging_places(gw, kind, ref, write_id)
+    outside = [p for p in paths if not p.startswith(places) or ".." in p]
     if outside:
         raise InvalidArgument(f"files {outside[:3]} are not in this write's location")
     return kind.adopt_files(ref, paths, replace=False, commit_id=m.commit_id, relocation=True)

@@ -65,6 +65,21 @@ def _write_id(body: Mapping[str, Any]) -> str:
     return write_id
 
 
+def _staged(gw: Gateway, write_id: str) -> str:
+    """The name of a write's staging place: the catalog's tag first, so that a catalog's
+    maintenance tells its own staged files from another's in a shared root (``spark-<tag>-``)."""
+    return f"{gw.catalog.catalog_tag}-{write_id}"
+
+
+def staging_places(gw: Gateway, kind: AdoptsFiles, ref: Any, write_id: str) -> tuple[str, ...]:
+    """Where a write's files may be adopted from, each ending in "/": its staging location,
+    and the one it had when begun before staging names carried the catalog's tag."""
+    return tuple(
+        kind.staging_location(ref, name).rstrip("/") + "/"
+        for name in (_staged(gw, write_id), write_id)
+    )
+
+
 def _table(body: Mapping[str, Any]) -> str:
     t = body.get("table")
     if not isinstance(t, str) or not t:
@@ -81,7 +96,7 @@ def begin_write(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, 
     write_id = uuid.uuid4().hex
     if not isinstance(kind, AdoptsFiles):
         return {"write_id": write_id, "source": source, "mode": "upload"}
-    location = kind.staging_location(ref, write_id)
+    location = kind.staging_location(ref, _staged(gw, write_id))
     fs, path = filesystem(location)
     fs.create_dir(path, recursive=True)
     return {"write_id": write_id, "source": source, "mode": "stage", "location": location}
@@ -189,9 +204,9 @@ def _adopt(
     kind, ref = bind(gw, snap, source)
     if not isinstance(kind, AdoptsFiles):
         raise InvalidArgument(f"source {source!r} ({ref.kind}) does not adopt files")
-    location = kind.staging_location(ref, write_id).rstrip("/") + "/"
+    places = staging_places(gw, kind, ref, write_id)
     outside = [p for p in paths
-               if not p.startswith(location) or ".." in p or "?" in p or "#" in p]  # fmt: skip
+               if not p.startswith(places) or ".." in p or "?" in p or "#" in p]  # fmt: skip
     if outside:
         raise InvalidArgument(f"files {outside[:3]} are not in this write's location")
     _check_written(paths)
@@ -258,7 +273,8 @@ def abort_write(gw: Gateway, who: Principal, body: dict[str, Any]) -> dict[str, 
     snap = cat.describe(table)
     kind, ref = bind(gw, snap, _target(snap, body.get("source")))
     if isinstance(kind, AdoptsFiles):
-        fs, path = filesystem(kind.staging_location(ref, write_id))
-        with contextlib.suppress(FileNotFoundError):
-            fs.delete_dir(path)
+        for place in staging_places(gw, kind, ref, write_id):
+            fs, path = filesystem(place)
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_dir(path)
     return {}
