@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import fastavro
@@ -16,7 +17,7 @@ import pyarrow.flight as fl
 import pytest
 
 from clients import HarnessClient
-from flight_gateway.protocol.errors import InvalidArgument, NotFound
+from flight_gateway.protocol.errors import InvalidArgument, NotFound, ResourceExhausted
 
 pytestmark = pytest.mark.integration
 
@@ -53,9 +54,7 @@ def table(client: HarnessClient, tmp_path: Path) -> Path:
     return root
 
 
-def test_errors_of_every_method_carry_no_server_paths(
-    client: HarnessClient, table: Path
-) -> None:
+def test_errors_of_every_method_carry_no_server_paths(client: HarnessClient, table: Path) -> None:
     raw = fl.FlightClient(client.uri)
     missing = fl.FlightDescriptor.for_path("nope")
     bad_json = fl.FlightDescriptor.for_command(b"{not json")
@@ -91,3 +90,34 @@ def test_an_error_mid_stream_carries_no_server_paths(client: HarnessClient, tabl
     assert isinstance(e, pa.ArrowInvalid), repr(e)
     _assert_no_paths(e)
     raw.close()
+
+
+def test_a_stream_abandoned_midway_gives_its_slot_back(tmp_path: Path) -> None:
+    """The stream's end (its slot given back) still runs when the caller goes away mid-stream:
+    the neutral frame closes the stream it wraps."""
+    from tests.gateway.helpers import client_for, running_gateway, write_parquet
+
+    limits = {"max_streams_per_principal": 1}
+    with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", limits=limits) as (server, _):
+        client = client_for(server)
+        n = 3_000_000  # more than flow control lets the server send ahead: the stream stays open
+        write_parquet(tmp_path / "data" / "big.parquet", pa.table({"id": pa.array(range(n))}))
+        client.create_table("t", [{"name": "id", "type": "int64"}])
+        state = {"files": ["big.parquet"]}
+        client.add_source("t", "f", "files", config={"root": str(tmp_path / "data")}, state=state)
+        raw = fl.FlightClient(client.uri)
+        info = raw.get_flight_info(fl.FlightDescriptor.for_command(json.dumps({"table": "t"})))
+        for _ in range(3):  # each abandoned after its first batch; the next one gets the slot
+            stream = raw.do_get(info.endpoints[0].ticket)
+            assert stream.read_chunk().data.num_rows > 0
+            stream.cancel()
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    assert client.read("t", limit=5).num_rows == 5
+                    break
+                except ResourceExhausted:
+                    assert time.monotonic() < deadline, "the abandoned stream kept its slot"
+                    time.sleep(0.05)
+        raw.close()
+        client.close()

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -98,15 +98,20 @@ def _handler_of(attempt: Callable[..., tuple[bool, Any]]) -> Callable[..., Any]:
 
 
 @_neutral
-def _stream_of(step: Callable[[], tuple[int, Any]]) -> Iterator[pa.RecordBatch]:
-    while True:
-        state, value = step()
-        if state == 1:
-            yield value
-        elif state == 0:
-            return
-        else:
-            raise value.with_traceback(None) from None
+def _stream_of(
+    step: Callable[[], tuple[int, Any]], close: Callable[[], None]
+) -> Iterator[pa.RecordBatch]:
+    try:
+        while True:
+            state, value = step()
+            if state == 1:
+                yield value
+            elif state == 0:
+                return
+            else:
+                raise value.with_traceback(None) from None
+    finally:
+        close()  # the source's own end (its ``on_close``) when abandoned early too
 
 
 def flight_errors(fn: F) -> F:
@@ -171,7 +176,7 @@ def stream_errors(
             on_close()
         raise
 
-    def gen() -> Iterator[pa.RecordBatch]:
+    def gen() -> Generator[pa.RecordBatch, None, None]:
         try:
             if first is not None:
                 yield from wire_sized(first)
@@ -181,7 +186,10 @@ def stream_errors(
             if on_close is not None:
                 on_close()
 
-    return pa.RecordBatchReader.from_batches(reader.schema, _stream_of(_steps(gen())))
+    batches = gen()
+    return pa.RecordBatchReader.from_batches(
+        reader.schema, _stream_of(_steps(batches), batches.close)
+    )
 
 
 def _steps(batches: Iterator[pa.RecordBatch]) -> Callable[[], tuple[int, Any]]:
@@ -197,9 +205,7 @@ def _steps(batches: Iterator[pa.RecordBatch]) -> Callable[[], tuple[int, Any]]:
             return 2, _wire(e, "do_get")
         except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)
             return 2, type(e)(_clean(str(e)))
-        except BaseException as e:  # closed early (GeneratorExit), or a bug: as it was
-            if not isinstance(e, Exception):
-                raise
+        except Exception as e:  # a bug: INTERNAL, logged
             return 2, _on_the_wire("do_get", e)
 
     return step
