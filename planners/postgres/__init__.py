@@ -712,21 +712,16 @@ class PostgresKind(SourceKind):
 
     def maintain(self, pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
         """Replace versioning triggers an older release installed in the pinned sources'
-        databases, and make the indexes it did not on their tables (docs/sources.md); removes
-        nothing."""
+        databases (docs/sources.md); removes nothing."""
         import psycopg
 
-        from planners.postgres.versioning import add_missing_indexes, upgrade_versioning
+        from planners.postgres.versioning import upgrade_versioning
 
-        configs = [self.parse_config(p.source) for p in pinned]
         upgraded: list[str] = []
-        for dsn in sorted({c.dsn for c in configs}):
-            tables = sorted({(c.schema, c.table, c.history) for c in configs if c.dsn == dsn})
+        for dsn in sorted({self.parse_config(p.source).dsn for p in pinned}):
             try:
-                with psycopg.connect(dsn, autocommit=True) as conn:
+                with psycopg.connect(dsn) as conn:
                     upgraded += upgrade_versioning(conn)
-                    for schema, table, history in tables:
-                        upgraded += add_missing_indexes(conn, schema, table, history)
             except psycopg.Error as e:
                 raise Unavailable(f"PostgreSQL maintenance failed: {e}") from e
         return {"upgraded": upgraded}

@@ -173,7 +173,9 @@ def enable_versioning(
             "DEFAULT tstzrange(now(), NULL, '[)')"
         )
         conn.execute(f"CREATE TABLE IF NOT EXISTS {s}.{h} (LIKE {s}.{t})")
-        conn.execute(f"CREATE INDEX IF NOT EXISTS {_period_index(s, h, history)}")
+        conn.execute(
+            f"CREATE INDEX IF NOT EXISTS {quote_ident(history + '_period')} ON {s}.{h} USING gist (sys_period)"
+        )
         # Rows written since an instant (a read that extends the rows it kept at an earlier
         # as_of, ``planners.postgres.cache``) are found by this index instead of a scan of
         # the whole table per read: 23.7 -> 1.2 ms of the server's time at 250 k rows. BRIN,
@@ -181,7 +183,10 @@ def enable_versioning(
         # 16 a BRIN index does not stop updates being HOT (the trigger rewrites sys_period
         # on every update, and a B-tree over it made every update write every index of the
         # table: 0 of 225 k updates HOT against 185 k; docs/operations.md, 2026-12-05).
-        conn.execute(f"CREATE INDEX IF NOT EXISTS {_written_index(s, t, table)}")
+        conn.execute(
+            f"CREATE INDEX IF NOT EXISTS {quote_ident(table + '_written')} ON {s}.{t} "
+            "USING brin (lower(sys_period))"
+        )
         _upgrade_schema(conn, schema)
         _close_trigger(conn, schema, f"{s}.{h}")
         conn.execute(f"DROP TRIGGER IF EXISTS harness_versioning ON {s}.{t}")
@@ -191,58 +196,6 @@ def enable_versioning(
             f"CREATE TRIGGER harness_versioning BEFORE INSERT OR UPDATE OR DELETE ON {s}.{t} "
             f"FOR EACH ROW EXECUTE FUNCTION {s}.harness_versioning('{target}')"
         )
-
-
-def _period_index(s: str, h: str, history: str) -> str:
-    """The history table's index of periods (what ``CREATE INDEX`` makes, after its options)."""
-    return f"{quote_ident(history + '_period')} ON {s}.{h} USING gist (sys_period)"
-
-
-def _written_index(s: str, t: str, table: str) -> str:
-    """The table's index of rows by when they were written."""
-    return f"{quote_ident(table + '_written')} ON {s}.{t} USING brin (lower(sys_period))"
-
-
-def add_missing_indexes(conn: Any, schema: str, table: str, history: str) -> list[str]:
-    """The indexes ``enable_versioning`` makes, made on a table versioned by a release before
-    them (``harness-gateway maintain``; idempotent). Built ``CONCURRENTLY``, so writers go on;
-    one a failed build left invalid is built again. The BRIN index only from PostgreSQL 16:
-    before, it stops updates being HOT (docs/sources.md). ``conn``: a psycopg connection in
-    autocommit mode. Returns what it made (``schema.index``)."""
-    s, t, h = quote_ident(schema), quote_ident(table), quote_ident(history)
-    wanted = [(history, history + "_period", _period_index(s, h, history))]
-    if conn.info.server_version >= 160000:
-        wanted.append((table, table + "_written", _written_index(s, t, table)))
-    made = []
-    for on, name, definition in wanted:
-        if not _has_period(conn, schema, on):
-            continue  # not versioned (yet): enable_versioning makes them
-        name = name.encode()[:63].decode(errors="ignore")  # as PostgreSQL cuts a long name
-        valid = conn.execute(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
-            (schema, name),
-        ).fetchone()
-        if valid is not None and valid[0]:
-            continue
-        if valid is not None:  # a build that failed half-way
-            conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {s}.{quote_ident(name)}")
-        conn.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {definition}")
-        made.append(f"{schema}.{name}")
-    if made:
-        log.info("versioning: indexes made on %s", ", ".join(made))
-    return made
-
-
-def _has_period(conn: Any, schema: str, table: str) -> bool:
-    return (
-        conn.execute(
-            "SELECT 1 FROM information_schema.columns "
-            "WHERE table_schema = %s AND table_name = %s AND column_name = 'sys_period'",
-            (schema, table),
-        ).fetchone()
-        is not None
-    )
 
 
 def server_now(conn: Any) -> str:
