@@ -434,12 +434,15 @@ def _harness_written(root: str) -> Iterator[tuple[str, str]]:
                 yield os.path.normpath(os.path.join(dirpath, name)), first
 
 
-def _clean_root(root: str, keep: set[str], grace_s: float, tag: str = "") -> list[str]:
+def _clean_root(
+    root: str, keep: set[str], grace_s: float, tag: str = "", clean_untagged: bool = False
+) -> list[str]:
     """Delete the files this catalog (``tag``) wrote under ``root`` that no pin lists and that
     are older than ``grace_s`` (a write not committed yet is younger); others are never
-    touched. Files another catalog's tag names are that catalog's. Untagged ones (written
-    before names carried the tag) are deleted too, unless another catalog writes into the root:
-    then nothing tells whose they are, and they stay."""
+    touched. Files another catalog's tag names are that catalog's. Untagged ones (written by a
+    release before names carried the tag) may be any catalog's, even with no other tag in the
+    root yet (another catalog that wrote nothing since): deleted only when the operator says the
+    roots are this catalog's alone (``clean_untagged``), and never where another tag is seen."""
     ours, untagged, shared = [], [], False
     for path, first in _harness_written(root):
         m = _TAGGED.match(first)
@@ -449,15 +452,18 @@ def _clean_root(root: str, keep: set[str], grace_s: float, tag: str = "") -> lis
             ours.append(path)
         else:
             shared = True
-    if shared and untagged:
-        log.warning(
-            "maintain: %s is shared with another catalog: its %d harness files written before "
-            "file names carried a catalog's tag are left (delete the unused ones by hand)",
-            root,
+    if untagged and (shared or not clean_untagged):
+        log.log(
+            logging.WARNING if shared and clean_untagged else logging.INFO,
+            "maintain: %d harness files under %s were named before names carried a catalog's "
+            "tag: left (%s)",
             len(untagged),
-        )
+            root,
+            "another catalog writes into this root" if shared
+            else "--clean-untagged deletes the unused ones where only this catalog writes",
+        )  # fmt: skip
     deleted, now = [], time.time()
-    for path in ours + ([] if shared else untagged):
+    for path in ours + (untagged if clean_untagged and not shared else []):
         if path in keep:
             continue
         try:
@@ -473,8 +479,9 @@ def _clean_root(root: str, keep: set[str], grace_s: float, tag: str = "") -> lis
 def maintain_files(pinned: Sequence[Pinned], grace_s: float) -> dict[str, Any]:
     deleted: list[str] = []
     tag = next((p.catalog_tag for p in pinned if p.catalog_tag), "")
+    untagged = any(p.clean_untagged for p in pinned)
     for root, keep in _referenced(pinned).items():
-        deleted += _clean_root(root, keep, grace_s, tag)
+        deleted += _clean_root(root, keep, grace_s, tag, untagged)
     return {"deleted_files": deleted}
 
 

@@ -589,6 +589,9 @@ class Pinned:
     #: The maintained catalog's tag (``AppendContext.catalog_tag``): files named with another
     #: tag are another catalog's, never this one's to delete ("": none known).
     catalog_tag: str = ""
+    #: The operator said the roots are this catalog's alone (``maintain --clean-untagged``):
+    #: files named before names carried a tag are this catalog's too.
+    clean_untagged: bool = False
 
 
 @runtime_checkable

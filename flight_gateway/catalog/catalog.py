@@ -17,6 +17,7 @@ No external I/O happens inside a catalog transaction.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,7 +36,7 @@ from flight_gateway.catalog.model import (
     TableHead,
     TableSnapshot,
 )
-from flight_gateway.protocol.errors import InvalidArgument
+from flight_gateway.protocol.errors import HarnessError, InvalidArgument
 
 #: Default cap on how long ``lock(wait_s=...)`` may wait in the queue.
 DEFAULT_MAX_WAIT_S = 300.0
@@ -62,6 +63,11 @@ class Catalog:
         with db.read_tx(self.engine) as conn:
             #: This catalog's identity (``db.catalog_info``), made once when it was created.
             self.catalog_id = db.catalog_id(conn)
+        if not re.fullmatch("[0-9a-f]{32}", self.catalog_id):  # set by hand: its tag unread
+            raise HarnessError(
+                f"catalog id {self.catalog_id!r} is not 32 lowercase hex digits: set "
+                "harness_catalog_info.catalog_id to a new one (docs/operations.md, Backup)"
+            )
         self._fast = None
         if not db.is_sqlite(self.engine):
             usable = db.usable_connections(self.engine)

@@ -97,7 +97,9 @@ def maintain(args: argparse.Namespace) -> int:
     catalog = Catalog(args.catalog)
     try:
         while True:
-            report = run_once(catalog, grace_s=args.grace, secrets=secrets)
+            report = run_once(
+                catalog, grace_s=args.grace, secrets=secrets, clean_untagged=args.clean_untagged
+            )
             print(json.dumps(report.to_json()), flush=True)
             if not args.loop:
                 return 0
@@ -122,6 +124,12 @@ def add_commands(sub: argparse._SubParsersAction, kinds: bool = True) -> None:
     p.add_argument("--loop", type=float, help="repeat every SECONDS (default: one pass)")
     p.add_argument(
         "--grace", type=float, default=3600.0, help="keep unreferenced files younger than this (s)"
+    )
+    p.add_argument(
+        "--clean-untagged",
+        action="store_true",
+        help="the files roots are this catalog's alone: also delete unused files that a release "
+        "before catalog tags wrote there",
     )
     p.set_defaults(func=maintain)
     if kinds:

@@ -73,7 +73,10 @@ def _apply_retention(
 
 
 def retained_pins(
-    catalog: Catalog, table: str, secrets: SecretResolver | None = None
+    catalog: Catalog,
+    table: str,
+    secrets: SecretResolver | None = None,
+    clean_untagged: bool = False,
 ) -> list[Pinned]:
     """Every source state some retained version reads, in one query: the state rows in force
     at a version in ``[min_version, current]`` (one ``describe`` per retained version made
@@ -122,23 +125,30 @@ def retained_pins(
                 r.state,
             ),
             catalog.catalog_tag,
+            clean_untagged,
         )
         for r in rows
     ]
 
 
 def run_once(
-    catalog: Catalog, *, grace_s: float = 3600.0, secrets: SecretResolver | None = None
+    catalog: Catalog,
+    *,
+    grace_s: float = 3600.0,
+    secrets: SecretResolver | None = None,
+    clean_untagged: bool = False,
 ) -> Report:
     """One maintenance pass over every table; ``secrets``: the gateway config's resolver
-    (``${NAME}`` in source configs resolve under its allow-list, as when serving)."""
+    (``${NAME}`` in source configs resolve under its allow-list, as when serving);
+    ``clean_untagged``: the files roots are this catalog's alone, so unused files a release
+    before catalog tags wrote there are deleted too (``maintain --clean-untagged``)."""
     from flight_gateway.core import metrics
 
     report = Report()
     by_kind: dict[str, list[Pinned]] = {}
     for table in catalog.list_tables():
         _apply_retention(catalog, table, catalog.describe(table).properties, report)
-        for p in retained_pins(catalog, table, secrets):
+        for p in retained_pins(catalog, table, secrets, clean_untagged):
             by_kind.setdefault(p.source.kind, []).append(p)
     for kind_name, pinned in by_kind.items():
         kind = registry.get_kind(kind_name)

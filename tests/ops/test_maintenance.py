@@ -62,9 +62,11 @@ def test_maintenance_keeps_every_retained_version_readable(
             },
         ],
     )
-    # Files maintenance must never touch: one the harness did not write, one too young.
+    # Files maintenance must never touch: one the harness did not write, one too young. Files
+    # named as this catalog names its own (``harness-<tag>-``) are its to delete when unused.
+    tag = catalog.catalog_tag
     pq.write_table(pa.table({"id": [0]}), data / "not-ours.parquet")
-    stale = data / "harness-stale.parquet"
+    stale = data / f"harness-{tag}-stale.parquet"
     pq.write_table(pa.table({"id": [0]}), stale)
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
 
@@ -100,13 +102,9 @@ def test_maintenance_keeps_every_retained_version_readable(
             if i % 3 == 2:  # compaction: one file replaces the list, old files go unlisted
                 files = client.describe("t").source("f").state["files"]
                 merged = pa.concat_tables([pq.read_table(data / f) for f in files])
-                pq.write_table(merged, data / f"harness-compacted-{i}.parquet")
-                client.commit(
-                    "t",
-                    updates=[
-                        {"source": "f", "state": {"files": [f"harness-compacted-{i}.parquet"]}}
-                    ],
-                )
+                compacted = f"harness-{tag}-compacted-{i}.parquet"
+                pq.write_table(merged, data / compacted)
+                client.commit("t", updates=[{"source": "f", "state": {"files": [compacted]}}])
             for v in range(client.describe("t").version - 1, client.describe("t").version + 1):
                 seen.setdefault(v, _ids(client, v))
             report = run_once(catalog, grace_s=0)  # no DoPut in flight here: delete at once
@@ -129,7 +127,7 @@ def test_maintenance_keeps_every_retained_version_readable(
         for f in client.describe("t", version=h.version).source("f").state["files"]
     }
     on_disk = {p.name for p in data.iterdir()}
-    assert "not-ours.parquet" in on_disk and "harness-stale.parquet" not in on_disk
+    assert "not-ours.parquet" in on_disk and stale.name not in on_disk
     assert {n for n in on_disk if n.startswith("harness-")} == listed
     pinned = {
         client.describe("t", version=h.version).source("ice").state["snapshot_id"] for h in history

@@ -100,28 +100,42 @@ def test_two_catalogs_share_a_root(two, tmp_path: Path) -> None:
     assert _ids(a) == [1, 2]
 
 
-def test_files_without_a_tag_are_cleaned_only_in_a_root_of_one_catalog(two, tmp_path: Path) -> None:
+def test_files_without_a_tag_are_deleted_only_when_the_operator_says_the_root_is_ours(
+    two, tmp_path: Path
+) -> None:
+    """Untagged files (a release before the tag wrote them) may be any catalog's, also where no
+    other tag is seen yet (another catalog that wrote nothing since): kept unless ``maintain
+    --clean-untagged``, and kept even then where another catalog's tag is seen."""
     (a, cat_a), (b, _cat_b) = two
-    alone, shared = tmp_path / "alone", tmp_path / "shared"
-    for root in (alone, shared):
+    alone, shared, legacy = tmp_path / "alone", tmp_path / "shared", tmp_path / "legacy"
+    old_file, old_dir = f"harness-{'0' * 32}.parquet", f"spark-{'1' * 32}"
+    for root in (alone, shared, legacy):
         root.mkdir()
-        # Written before names carried a tag: a DoPut file and a staged Spark file.
-        pq.write_table(pa.table({"id": [0]}), root / f"harness-{'0' * 32}.parquet")
-        (root / f"spark-{'1' * 32}").mkdir()
-        pq.write_table(pa.table({"id": [0]}), root / f"spark-{'1' * 32}" / "part-0.parquet")
+        pq.write_table(pa.table({"id": [0]}), root / old_file)
+        (root / old_dir).mkdir()
+        pq.write_table(pa.table({"id": [0]}), root / old_dir / "part-0.parquet")
     _table(a, alone)
-    a.add_source("t", "g", "files", config={"root": str(shared)}, state={"files": []})
-    # B writes into the shared root only.
+    for name, root in (("g", shared), ("h", legacy)):
+        a.add_source("t", name, "files", config={"root": str(root)}, state={"files": []})
+    # B writes into the shared root, and committed the legacy root's old file before the tag.
     _table(b, shared)
     b.put("t", pa.table({"id": pa.array([7], pa.int64())}))
+    b.add_source("t", "old", "files", config={"root": str(legacy)}, state={"files": [old_file]})
 
-    deleted = run_once(cat_a, grace_s=0).to_json()["deleted_files"]
+    assert run_once(cat_a, grace_s=0).to_json()["deleted_files"] == []
+    assert _ids(b) == [0, 7]  # B's file of the old release, in a root A also writes into
+
+    deleted = run_once(cat_a, grace_s=0, clean_untagged=True).to_json()["deleted_files"]
+    # Where another catalog's tag is seen, nothing untagged goes. Elsewhere the flag is the
+    # operator's word that the root is A's alone; said wrongly ("legacy" holds B's file of the
+    # old release, and nothing in the root tells), the file goes: why it is not the default.
     assert sorted(os.path.relpath(p, tmp_path) for p in deleted) == [
-        f"alone/harness-{'0' * 32}.parquet",
-        f"alone/spark-{'1' * 32}/part-0.parquet",
+        f"alone/{old_file}",
+        f"alone/{old_dir}/part-0.parquet",
+        f"legacy/{old_file}",
+        f"legacy/{old_dir}/part-0.parquet",
     ]
-    assert f"harness-{'0' * 32}.parquet" in _on_disk(shared)  # whose it is, nothing tells
-    assert _ids(b) == [7]
+    assert old_file in _on_disk(shared)
 
 
 def test_a_catalog_made_before_its_identity_gets_one_once(catalog_url: str) -> None:

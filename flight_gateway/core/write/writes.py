@@ -74,10 +74,13 @@ def _staged(gw: Gateway, write_id: str) -> str:
 def staging_places(gw: Gateway, kind: AdoptsFiles, ref: Any, write_id: str) -> tuple[str, ...]:
     """Where a write's files may be adopted from, each ending in "/": its staging location,
     and the one it had when begun before staging names carried the catalog's tag."""
-    return tuple(
-        kind.staging_location(ref, name).rstrip("/") + "/"
-        for name in (_staged(gw, write_id), write_id)
-    )
+    name = _staged(gw, write_id)
+    tagged = kind.staging_location(ref, name).rstrip("/")
+    if tagged.endswith(name):  # the name last, as the built-in kinds place it: no second call
+        before = tagged[: -len(name)] + write_id  # (an Iceberg one loads the table)
+    else:
+        before = kind.staging_location(ref, write_id).rstrip("/")
+    return tagged + "/", before + "/"
 
 
 def _table(body: Mapping[str, Any]) -> str:

@@ -232,7 +232,7 @@ def _harness_error(e: BaseException, p: _Process) -> BaseException:
     closed, a stream cut) is UNAVAILABLE: the read can be sent again."""
     if isinstance(e, HarnessError):
         return e
-    if not p.alive or (isinstance(e, (fl.FlightUnavailableError, OSError)) and _exiting(p)):
+    if not p.alive or (_connection_lost(e) and _exiting(p)):
         log.warning("read process %d exited during a read: %s", p.index, e)
         return Unavailable("the read process serving this stream exited: send the read again")
     typed = from_flight_error(e) if isinstance(e, Exception) else e
@@ -246,14 +246,24 @@ def _harness_error(e: BaseException, p: _Process) -> BaseException:
 EXIT_WAIT_S = 1.0
 
 
+def _connection_lost(e: BaseException) -> bool:
+    """The transport's own UNAVAILABLE (a socket closed, a connection refused), not one the
+    read process sent (a source or the catalog down: its message comes as sent)."""
+    transport = isinstance(e, fl.FlightUnavailableError) and str(e).startswith(
+        "Flight returned unavailable error"
+    )
+    return transport or isinstance(e, OSError)
+
+
 def _exiting(p: _Process) -> bool:
     """Whether ``p``, its connection just lost, is exiting: a killed process's socket closes
     before the process can be waited for, and under load a stream saw the one before the other
     (then it failed as a plain UNAVAILABLE from the transport, not as the exited process)."""
-    if p.popen is None:
+    popen = p.popen  # a restart may replace it meanwhile
+    if popen is None:
         return True
     try:
-        p.popen.wait(timeout=EXIT_WAIT_S)
+        popen.wait(timeout=EXIT_WAIT_S)
     except subprocess.TimeoutExpired:
         return False
     return True

@@ -4,6 +4,7 @@ handler, so they cannot). Off, and free, unless the core's tracing is configured
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 import pyarrow.flight as fl
 
 from flight_gateway.core import tracing
+
+log = logging.getLogger(__name__)
 
 
 class _TraceMiddleware(fl.ServerMiddleware):
@@ -28,7 +31,11 @@ class TraceFactory(fl.ServerMiddlewareFactory):
         self, info: fl.CallInfo, headers: Mapping[str, Sequence[Any]]
     ) -> fl.ServerMiddleware | None:
         method = str(info.method).rsplit(".", 1)[-1]
-        span = tracing.server_span(f"flight.{method}", headers)
+        try:
+            span = tracing.server_span(f"flight.{method}", headers)
+        except Exception:  # tracing never fails a call (a header it could not read)
+            log.warning("flight.%s: no trace span", method, exc_info=True)
+            return None
         return None if span is None else _TraceMiddleware(span)
 
 
