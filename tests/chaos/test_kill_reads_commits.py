@@ -22,6 +22,7 @@ import pytest
 from benchmarks.chaos_load import make_table, rows
 from benchmarks.processes import ROOT, GatewayProcess
 from clients import HarnessClient
+from flight_gateway.catalog import Catalog
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CHAOS_S = float(os.environ.get("HARNESS_CHAOS_S", "15"))
@@ -162,9 +163,11 @@ def test_maintenance_killed_anywhere_deletes_nothing_a_kept_version_needs(
                 "m", [{"name": "id", "type": "int64"}], properties={"retention.keep_last": 3}
             )
             client.add_source("m", "f", "files", config={"root": str(data)}, state={"files": []})
+            with Catalog(pg_catalog) as cat:  # files named as this catalog names its own
+                tag = cat.catalog_tag
             files: list[str] = []
             for i in range(12):  # each version drops the oldest file once it has four
-                name = f"harness-{i:03d}.parquet"
+                name = f"harness-{tag}-{i:03d}.parquet"
                 pq.write_table(pa.table({"id": range(i * 10, i * 10 + 10)}), data / name)
                 files = [*files, name][-4:]
                 client.commit("m", updates=[{"source": "f", "state": {"files": files}}])
@@ -180,9 +183,8 @@ def test_maintenance_killed_anywhere_deletes_nothing_a_kept_version_needs(
             assert kept == versions[:3]  # newest first
             for v in kept:  # every kept version reads exactly what it listed
                 listed = client.describe("m", version=v).source("f").state["files"]
-                want = sorted(
-                    j for f in listed for j in range(int(f[8:11]) * 10, int(f[8:11]) * 10 + 10)
-                )
+                firsts = [int(f.rsplit("-", 1)[1][:3]) * 10 for f in listed]
+                want = sorted(j for first in firsts for j in range(first, first + 10))
                 assert sorted(client.read("m", version=v).column("id").to_pylist()) == want
             needed = {
                 f for v in kept for f in client.describe("m", version=v).source("f").state["files"]
