@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -75,9 +75,9 @@ def _on_the_wire(method: str, e: BaseException) -> BaseException:
 #: Where errors are raised to pyarrow from. pyarrow's server sends the Python traceback of an
 #: error that is not a Flight error (INVALID_ARGUMENT and NOT_FOUND on every method, every
 #: status of GetSchema, apache/arrow#43556, an error mid-stream) in the status detail: raised
-#: from the handler's own frame, that showed the gateway's install path and source line to
-#: every caller. The two frames below carry a file name that is no file, so the traceback shows
-#: neither; the errors they raise are made fresh (``_on_the_wire``), so no frame comes with them.
+#: from a handler's frame, that showed the gateway's install path and source line to every
+#: caller. The frames that raise to pyarrow carry a file name that is no file, so the traceback
+#: shows neither; what they raise is made fresh, so no other frame comes with it.
 _NEUTRAL_FILE = "<harness-gateway>"
 
 
@@ -86,40 +86,14 @@ def _neutral(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _handler_of(attempt: Callable[..., tuple[bool, Any]]) -> Callable[..., Any]:
-    @_neutral
-    def handler(*args: Any, **kwargs: Any) -> Any:
-        ok, value = attempt(*args, **kwargs)
-        if ok:
-            return value
-        raise value.with_traceback(None) from None
-
-    return handler
-
-
-@_neutral
-def _stream_of(
-    step: Callable[[], tuple[int, Any]], close: Callable[[], None]
-) -> Iterator[pa.RecordBatch]:
-    try:
-        while True:
-            state, value = step()
-            if state == 1:
-                yield value
-            elif state == 0:
-                return
-            else:
-                raise value.with_traceback(None) from None
-    finally:
-        close()  # the source's own end (its ``on_close``) when abandoned early too
-
-
 def flight_errors(fn: F) -> F:
     """Map harness errors to Flight status codes; never let an unexpected error kill a call
     without a clear message (the server itself keeps serving either way). No message carries a
     resolved secret, and no traceback a server path (``_NEUTRAL_FILE``)."""
 
-    def attempt(*args: Any, **kwargs: Any) -> tuple[bool, Any]:
+    @functools.wraps(fn)
+    @_neutral
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         call = args[1] if len(args) > 1 and isinstance(args[1], fl.ServerCallContext) else None
         try:
@@ -127,13 +101,13 @@ def flight_errors(fn: F) -> F:
                 out = fn(*args, **kwargs)
         except BaseException as e:
             metrics.observe_rpc(fn.__name__, started, e)
-            # Raised "from None": a chained traceback can outgrow gRPC's metadata limit (the
-            # client sees RESOURCE_EXHAUSTED).
-            return False, _on_the_wire(fn.__name__, e)
+            # "from None": a chained traceback can outgrow gRPC's metadata limit (the client
+            # sees RESOURCE_EXHAUSTED).
+            raise _on_the_wire(fn.__name__, e).with_traceback(None) from None
         metrics.observe_rpc(fn.__name__, started, None)
-        return True, out
+        return out
 
-    return functools.wraps(fn)(_handler_of(attempt))  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]
 
 
 #: Batches go out as IPC messages of at most about this many body bytes. The Flight client
@@ -176,39 +150,31 @@ def stream_errors(
             on_close()
         raise
 
-    def gen() -> Generator[pa.RecordBatch, None, None]:
-        try:
-            if first is not None:
-                yield from wire_sized(first)
-                for batch in reader:
-                    yield from wire_sized(batch)
-        finally:
-            if on_close is not None:
-                on_close()
-
-    batches = gen()
-    return pa.RecordBatchReader.from_batches(
-        reader.schema, _stream_of(_steps(batches), batches.close)
-    )
+    return pa.RecordBatchReader.from_batches(reader.schema, _sent(first, reader, on_close))
 
 
-def _steps(batches: Iterator[pa.RecordBatch]) -> Callable[[], tuple[int, Any]]:
-    """``batches`` one step at a time for ``_stream_of``: (1, batch), (0, None) at the end, or
-    (2, the error sent) when reading failed (it is raised from the neutral frame)."""
-
-    def step() -> tuple[int, Any]:
-        try:
-            return 1, next(batches)
-        except StopIteration:
-            return 0, None
-        except HarnessError as e:
-            return 2, _wire(e, "do_get")
-        except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)
-            return 2, type(e)(_clean(str(e)))
-        except Exception as e:  # a bug: INTERNAL, logged
-            return 2, _on_the_wire("do_get", e)
-
-    return step
+@_neutral
+def _sent(
+    first: pa.RecordBatch | None,
+    reader: pa.RecordBatchReader,
+    on_close: Callable[[], None] | None,
+) -> Iterator[pa.RecordBatch]:
+    """``first`` and the rest of ``reader`` in wire-sized pieces; a failure raised as its wire
+    error from this frame (``_NEUTRAL_FILE``)."""
+    try:
+        if first is not None:
+            yield from wire_sized(first)
+            for batch in reader:
+                yield from wire_sized(batch)
+    except HarnessError as e:
+        raise _wire(e, "do_get").with_traceback(None) from None
+    except pa.ArrowException as e:  # a reader failing mid-stream (bad CSV row, ...)
+        raise type(e)(_clean(str(e))) from None
+    except Exception as e:  # a bug: INTERNAL, logged
+        raise _on_the_wire("do_get", e).with_traceback(None) from None
+    finally:
+        if on_close is not None:
+            on_close()
 
 
 def _first_batch(reader: pa.RecordBatchReader) -> pa.RecordBatch | None:
