@@ -128,8 +128,8 @@ def _mid_stream(client: HarnessClient) -> None:
 
 
 def test_a_stream_abandoned_midway_gives_its_slot_back(tmp_path: Path) -> None:
-    """The stream's end (its slot given back) still runs when the caller goes away mid-stream:
-    the neutral frame closes the stream it wraps."""
+    """The stream's end (its slot given back) still runs when the caller goes away mid-stream
+    through the neutral stream frame."""
     limits = {"max_streams_per_principal": 1}
     with running_gateway(f"sqlite:///{tmp_path / 'c.db'}", limits=limits) as (server, _):
         client = client_for(server)
